@@ -1,0 +1,137 @@
+"""Layer-by-layer capture: run the model one decoder layer at a time over the calibration samples.
+
+Only the current layer is moved to the compute device; the rest stays where it was loaded (CPU, or disk when
+accelerate offloaded it). Each layer sees the outputs of the previous layer *after* that layer was quantised
+(true sequential), so errors are corrected downstream instead of compounding. Memory is one layer plus the
+calibration activations.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .errors import UserError
+
+
+class _Stop(Exception):
+    """Raised from a hook to end a forward pass early once the wanted activations are recorded."""
+
+
+@dataclass
+class LayerInputs:
+    hidden: list[torch.Tensor]  # one [1, T, H] per sample
+    kwargs: list[dict]  # the keyword arguments the model passed to the layer, per sample
+
+
+def _to(obj, device):
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, tuple):
+        return tuple(_to(o, device) for o in obj)
+    if isinstance(obj, list):
+        return [_to(o, device) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _to(v, device) for k, v in obj.items()}
+    return obj
+
+
+def first_layer_inputs(model: nn.Module, layers: nn.ModuleList, samples: list[torch.Tensor], device) -> LayerInputs:
+    """Run the model's embedding part per sample and stop at the first decoder layer."""
+    hidden, kwargs = [], []
+
+    def grab(_mod, args, kw):
+        h = args[0] if args else kw.pop("hidden_states")
+        kw = {k: v for k, v in kw.items() if k not in ("past_key_values", "past_key_value", "use_cache")}
+        hidden.append(h.detach())
+        kwargs.append(kw)
+        raise _Stop
+
+    handle = layers[0].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            for ids in samples:
+                try:
+                    model(input_ids=ids.reshape(1, -1).to(device), use_cache=False)
+                except _Stop:
+                    pass
+    finally:
+        handle.remove()
+    return LayerInputs(hidden, kwargs)
+
+
+def run_layer(layer: nn.Module, inputs: LayerInputs) -> list[torch.Tensor]:
+    outs = []
+    with torch.no_grad():
+        for h, kw in zip(inputs.hidden, inputs.kwargs):
+            o = layer(h, **kw)
+            outs.append((o[0] if isinstance(o, (tuple, list)) else o).detach())
+    return outs
+
+
+def linear_groups(layer: nn.Module, names: dict[nn.Module, str], inputs: LayerInputs) -> list[list[nn.Module]]:
+    """Linears grouped by shared input, in the order the layer calls them (q/k/v, o, gate/up, down for llama).
+
+    Found by running the layer once: no per-architecture table is needed for GPTQ's dependency order.
+    """
+    calls: list[tuple[nn.Module, int]] = []
+    seen_inputs: dict[int, torch.Tensor] = {}  # kept alive so ids stay unique during the pass
+
+    def hook(mod, args):
+        x = args[0]
+        seen_inputs.setdefault(id(x), x)
+        calls.append((mod, id(x)))
+
+    handles = [m.register_forward_pre_hook(hook) for m in names]
+    try:
+        with torch.no_grad():
+            layer(inputs.hidden[0], **inputs.kwargs[0])
+    finally:
+        for h in handles:
+            h.remove()
+    groups: dict[int, list[nn.Module]] = {}
+    for mod, key in calls:
+        g = groups.setdefault(key, [])
+        if mod not in g:
+            g.append(mod)
+    ordered = list(groups.values())
+    missing = [n for m, n in names.items() if not any(m in g for g in ordered)]
+    if missing:  # not called on this input (e.g. unused expert): solve alone, last
+        ordered += [[m] for m in names if not any(m in g for g in ordered)]
+    return ordered
+
+
+def feed_group(layer: nn.Module, group: list[nn.Module], inputs: LayerInputs,
+               sink: Callable[[nn.Module, torch.Tensor], None], on_sample: Callable[[], None] | None = None) -> None:
+    """Run the layer on every sample, handing each group member's input to sink; stop once all have run."""
+    pending: set[int] = set()
+
+    def hook(mod, args):
+        sink(mod, args[0].detach())
+        pending.discard(id(mod))
+        if not pending:
+            raise _Stop
+
+    handles = [m.register_forward_pre_hook(hook) for m in group]
+    try:
+        with torch.no_grad():
+            for h, kw in zip(inputs.hidden, inputs.kwargs):
+                pending.update(id(m) for m in group)
+                try:
+                    layer(h, **kw)
+                except _Stop:
+                    pass
+                if on_sample:
+                    on_sample()
+    finally:
+        for hd in handles:
+            hd.remove()
+
+
+def check_finite(tensors: list[torch.Tensor], where: str) -> None:
+    for t in tensors:
+        if not torch.isfinite(t).all():
+            raise UserError(f"NaN or Inf in the activations of {where}; load the model in float32 (--dtype float32) "
+                            "or check the source weights")

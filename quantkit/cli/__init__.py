@@ -1,0 +1,34 @@
+"""The `quantkit` command: thin typer commands that parse arguments and call the library.
+
+Each command lives in its own module and registers itself on `app`; UserError becomes one line on stderr
+and exit code 2, so scripts can tell bad input from a crash.
+"""
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(
+    name="quantkit",
+    help="Post-training quantisation for Hugging Face causal LMs.\n\nExample: quantkit quantize ./my-model -o ./my-model-w4 --scheme w4a16",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+
+def _register() -> None:
+    # Imported for their @app.command side effect; kept in one place so the command list is visible.
+    from . import quantize_cmd, inspect_cmd  # noqa: F401
+
+
+def main() -> None:
+    from ..errors import UserError
+
+    _register()
+    try:
+        app()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_code)

@@ -1,0 +1,41 @@
+"""`quantkit inspect`."""
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from . import app
+from .common import emit_json
+
+
+def _mb(n) -> str:
+    return "-" if n is None else f"{n / 1e6:.1f} MB"
+
+
+@app.command("inspect")
+def inspect(
+    path: str = typer.Argument(..., help="Checkpoint folder written by quantkit quantize."),
+    as_json: bool = typer.Option(False, "--json", help="Print the same data as JSON."),
+):
+    """Show each quantised layer's scheme, bits per weight (scales included) and error, and the total size.
+
+    Example: quantkit inspect ./my-model-w4 --json
+    """
+    from ..inspect_ckpt import inspect_checkpoint
+
+    info = inspect_checkpoint(path)
+    if as_json:
+        emit_json(info)
+        return
+    t = Table(title=f"{info['checkpoint']} ({info['format']}, {info['method'] or '?'})")
+    for col in ("layer", "scheme", "group", "bits/weight", "weight err", "output err"):
+        t.add_column(col, justify="left" if col == "layer" else "right")
+    fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+    for r in info["layers"]:
+        t.add_row(r["layer"], r["scheme"], str(r["group_size"]), f"{r['bits_per_weight']:.2f}",
+                  fmt(r["weight_rel_error"]), fmt(r["output_rel_error"]))
+    out = Console()
+    out.print(t)
+    ratio = f" ({info['compression']}x smaller)" if info["compression"] else ""
+    out.print(f"checkpoint {_mb(info['total_bytes'])} vs original {_mb(info['source_bytes'])}{ratio}")

@@ -1,0 +1,103 @@
+"""`quantkit quantize` and `quantkit demo`."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from . import app
+from .common import console, emit_json
+
+
+def _progress(quiet: bool):
+    if quiet:
+        return None
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=console, transient=False)
+
+
+def _run(recipe, quiet: bool, as_json: bool) -> None:
+    from ..quantize import quantize_to_checkpoint
+
+    prog = _progress(quiet or as_json)
+    if prog is None:
+        summary = quantize_to_checkpoint(recipe)
+    else:
+        with prog:
+            summary = quantize_to_checkpoint(recipe, progress=prog)
+    if as_json:
+        emit_json(summary)
+    elif not quiet:
+        err = summary["mean_weight_rel_error"]
+        console.print(f"[green]wrote[/] {summary['output']}: {summary['layers']} layers, {summary['scheme']} "
+                      f"{summary['method']} g{summary['group_size']}, mean weight error "
+                      f"{err:.4f}, {summary['seconds']} s" if err is not None else f"[green]wrote[/] {summary['output']}")
+
+
+@app.command("quantize")
+def quantize(
+    model: Optional[str] = typer.Argument(None, help="Hugging Face folder or hub id; omit for the embedded SmolLM2-135M."),
+    output: Optional[str] = typer.Option(None, "-o", "--output", help="Checkpoint folder to write."),
+    recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML; flags given here override it."),
+    scheme: Optional[str] = typer.Option(None, help="w4a16, w8a16, fp8 or fp8-dynamic."),
+    method: Optional[str] = typer.Option(None, help="rtn, gptq, awq or awq+gptq."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", help="32, 64, 128 or -1 (per channel)."),
+    sym: Optional[bool] = typer.Option(None, "--sym/--asym", help="Symmetric grid (default) or with zero points."),
+    ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Module name glob or re:regex kept in float (repeatable; lm_head always by default)."),
+    clip_search: Optional[bool] = typer.Option(None, "--clip-search/--no-clip-search", help="MSE search of each group's clipping range."),
+    damp: Optional[float] = typer.Option(None, help="GPTQ dampening, fraction of mean Hessian diagonal (0.01)."),
+    block_size: Optional[int] = typer.Option(None, "--block-size", help="GPTQ lazy-update block (128)."),
+    actorder: Optional[str] = typer.Option(None, help="GPTQ act-order: off, weight or group."),
+    awq_grid: Optional[int] = typer.Option(None, "--awq-grid", help="AWQ alpha grid points (20)."),
+    awq_duo: Optional[bool] = typer.Option(None, "--awq-duo/--no-awq-duo", help="AWQ duo scaling form."),
+    awq_fallback: Optional[str] = typer.Option(None, "--awq-fallback", help="error or rtn, for unmapped architectures."),
+    kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: calibrate an FP8 KV cache."),
+    calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: dataset name, file, folder or 'self'."),
+    num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Calibration samples (128)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per calibration sample (512)."),
+    seed: Optional[int] = typer.Option(None, help="Calibration seed (0)."),
+    calib_cut: Optional[str] = typer.Option(None, "--calib-cut", help="chunk (concatenate and cut) or document."),
+    text_field: Optional[str] = typer.Option(None, "--text-field", help="Text field of JSON/CSV/parquet data."),
+    min_tokens: Optional[int] = typer.Option(None, "--min-tokens", help="Shortest document kept in document mode."),
+    dtype: Optional[str] = typer.Option(None, help="auto, float16, bfloat16 or float32."),
+    device: Optional[str] = typer.Option(None, help="cpu or cuda (one layer at a time on the device)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
+):
+    """Quantise MODEL and write a compressed-tensors checkpoint to OUT.
+
+    Example: quantkit quantize ./my-model -o ./my-model-w4 --scheme w4a16 --group-size 128
+    """
+    from ..recipe import Recipe, apply_overrides, load_recipe
+
+    base = load_recipe(recipe) if recipe else Recipe()
+    r = apply_overrides(base, {
+        "model": model, "output": output, "overwrite": overwrite or None, "dtype": dtype, "device": device,
+        "quant.scheme": scheme, "quant.method": method, "quant.group_size": group_size, "quant.symmetric": sym,
+        "quant.ignore": list(ignore) if ignore else None, "quant.clip_search": clip_search, "quant.kv_cache": kv_cache,
+        "quant.gptq.damp": damp, "quant.gptq.block_size": block_size, "quant.gptq.actorder": actorder,
+        "quant.awq.grid": awq_grid, "quant.awq.duo": awq_duo, "quant.awq.fallback": awq_fallback,
+        "calibration.spec": calib, "calibration.num_samples": num_samples, "calibration.seq_len": seq_len,
+        "calibration.seed": seed, "calibration.cut": calib_cut, "calibration.text_field": text_field,
+        "calibration.min_tokens": min_tokens,
+    })
+    _run(r, quiet, as_json)
+
+
+@app.command("demo")
+def demo(
+    output: str = typer.Option("smollm2-w4", "-o", "--output", help="Checkpoint folder to write."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
+):
+    """Quantise the embedded SmolLM2-135M-Instruct to W4 (group 64, RTN); nothing is downloaded.
+
+    Example: quantkit demo -o smollm2-w4 && quantkit inspect smollm2-w4
+    """
+    from ..recipe import Recipe, apply_overrides
+
+    r = apply_overrides(Recipe(), {"output": output, "overwrite": overwrite or None, "quant.group_size": 64})
+    _run(r, quiet, as_json)

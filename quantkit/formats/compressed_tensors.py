@@ -1,0 +1,159 @@
+"""The checkpoint layout: compressed-tensors conventions, so transformers and vLLM load what we write.
+
+Per quantised Linear `p`: INT4/INT8 -> p.weight_packed (int32), p.weight_scale, p.weight_shape, optionally
+p.weight_zero_point (packed along dim 0) and p.weight_g_idx; FP8 -> p.weight (float8_e4m3fn), p.weight_scale,
+optionally p.input_scale. config.json gains `quantization_config`; quantkit.json records how it was made.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import OrderedDict
+from pathlib import Path
+
+import torch
+
+from ..qweight import QWeight
+from ..schemes import Scheme
+from ..targets import matches
+from .pack import pack_int32
+
+SHARD_BYTES = 4 * 1024**3
+
+
+def tensors_for(prefix: str, qw: QWeight, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    s = qw.scheme
+    if s.is_fp8:
+        out = {f"{prefix}.weight": qw.q.to(torch.float8_e4m3fn).contiguous(),
+               f"{prefix}.weight_scale": qw.scale.to(dtype).contiguous()}
+        if qw.input_scale is not None:
+            out[f"{prefix}.input_scale"] = qw.input_scale.to(dtype).reshape(-1).contiguous()
+        return out
+    out = {f"{prefix}.weight_packed": pack_int32(qw.q, s.num_bits),
+           f"{prefix}.weight_scale": qw.scale.to(dtype).contiguous(),
+           f"{prefix}.weight_shape": torch.tensor(list(qw.q.shape), dtype=torch.int32)}
+    if qw.zero is not None:
+        out[f"{prefix}.weight_zero_point"] = pack_int32(qw.zero, s.num_bits, dim=0)
+    if qw.g_idx is not None:
+        out[f"{prefix}.weight_g_idx"] = qw.g_idx.to(torch.int32).contiguous()
+    return out
+
+
+def _weights_args(s: Scheme) -> dict:
+    d = {"num_bits": s.num_bits, "type": s.type, "symmetric": s.symmetric, "strategy": s.strategy,
+         "group_size": s.group_size if s.strategy == "group" else None, "block_structure": None,
+         "dynamic": False, "actorder": s.actorder, "observer": "minmax", "observer_kwargs": {}}
+    return d
+
+
+def _input_args(s: Scheme) -> dict | None:
+    if s.activations is None:
+        return None
+    dynamic = s.activations == "dynamic"
+    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token" if dynamic else "tensor",
+            "group_size": None, "block_structure": None, "dynamic": dynamic, "actorder": None,
+            "observer": None if dynamic else "minmax", "observer_kwargs": {}}
+
+
+def _format(s: Scheme) -> str:
+    return "float-quantized" if s.is_fp8 else "pack-quantized"
+
+
+def _suffix(name: str) -> str:
+    """The module name with its decoder-layer index removed: model.layers.3.mlp.up_proj -> mlp.up_proj."""
+    m = re.match(r".*?\.\d+\.(.*)$", name)
+    return m.group(1) if m else name
+
+
+def quantization_config(plan: dict[str, Scheme], all_linears: list[str], kv_cache: dict | None = None) -> dict:
+    """config.json's quantization_config: one config group per distinct scheme.
+
+    Targets are the class name 'Linear' when one scheme covers every quantised Linear (the rest listed in
+    ignore), else per-group regexes over module-name suffixes, or exact names when suffixes are shared.
+    """
+    by_scheme: dict[Scheme, list[str]] = OrderedDict()
+    for n, s in plan.items():
+        by_scheme.setdefault(s, []).append(n)
+    ignore = [n for n in all_linears if n not in plan]
+    groups = {}
+    if len(by_scheme) == 1:
+        targets = {next(iter(by_scheme)): ["Linear"]}
+    else:
+        suffixes = {s: {_suffix(n) for n in names} for s, names in by_scheme.items()}
+        ignored_suffixes = {_suffix(n) for n in ignore}
+        targets = {}
+        for s, names in by_scheme.items():
+            others = set().union(*(v for k, v in suffixes.items() if k != s)) | ignored_suffixes
+            if suffixes[s] & others:
+                targets[s] = [f"re:^{re.escape(n)}$" for n in names]
+            else:
+                alt = "|".join(re.escape(x) for x in sorted(suffixes[s]))
+                targets[s] = [f"re:.*\\.({alt})$" if all("." in n for n in names) else f"re:^({alt})$"]
+    formats = {_format(s) for s in by_scheme}
+    for i, (s, tg) in enumerate(targets.items()):
+        groups[f"group_{i}"] = {"targets": tg, "weights": _weights_args(s), "input_activations": _input_args(s),
+                                "output_activations": None, "format": _format(s)}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": formats.pop() if len(formats) == 1 else "mixed-precision",
+        "quantization_status": "compressed",
+        "config_groups": groups,
+        "ignore": ignore,
+        "kv_cache_scheme": kv_cache,
+        "global_compression_ratio": None,
+        "sparsity_config": {},
+    }
+
+
+def save_tensors(folder: Path, tensors: dict[str, torch.Tensor]) -> list[str]:
+    """Write safetensors shards (one file when small) plus an index when sharded; returns file names."""
+    from safetensors.torch import save_file
+
+    shards, cur, size = [], {}, 0
+    for k, t in tensors.items():
+        nbytes = t.numel() * t.element_size()
+        if cur and size + nbytes > SHARD_BYTES:
+            shards.append(cur)
+            cur, size = {}, 0
+        cur[k] = t.contiguous()
+        size += nbytes
+    shards.append(cur)
+    if len(shards) == 1:
+        save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return ["model.safetensors"]
+    names, weight_map = [], {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        names.append(fname)
+        weight_map.update({k: fname for k in shard})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (folder / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return names
+
+
+def load_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
+        else ["model.safetensors"]
+    out = {}
+    for f in files:
+        out.update(load_file(str(folder / f)))
+    return out
+
+
+def module_targets(quant_config: dict, named_linears: dict[str, object]) -> dict[str, dict]:
+    """{module name: config group} for the Linears a quantization_config covers (ours or another tool's)."""
+    ignore = quant_config.get("ignore") or []
+    out = {}
+    for name, mod in named_linears.items():
+        if any(matches(p, name, mod) for p in ignore):
+            continue
+        for group in quant_config.get("config_groups", {}).values():
+            if any(matches(t, name, mod) for t in group.get("targets", [])):
+                out[name] = group
+                break
+    return out

@@ -1,0 +1,82 @@
+"""Write a quantised model as a checkpoint folder, atomically: a temporary folder beside OUT, renamed at the end.
+
+A run that dies half-way leaves only a hidden `.OUT.partial-*` folder, never a half-written OUT.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+from ..qweight import QWeight
+from ..schemes import Scheme
+from .compressed_tensors import quantization_config, save_tensors, tensors_for
+
+
+def check_output(out: Path, overwrite: bool) -> None:
+    """Fail before any work is done if OUT cannot be written."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"output '{out}' exists and is a file; choose another -o path")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"output folder '{out}' is not empty; pass --overwrite or choose another -o path")
+    if not out.parent.exists():
+        raise UserError(f"the parent folder of '{out}' does not exist; create it first")
+
+
+def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], extra: dict[str, torch.Tensor]) -> dict:
+    dtype = next(model.parameters()).dtype
+    sd = model.state_dict()
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    out: dict[str, torch.Tensor] = {}
+    quantised = {f"{n}.weight" for n in qweights}
+    for k, v in sd.items():
+        if k in quantised:
+            continue
+        if tied and k == "lm_head.weight" and "lm_head" not in qweights:
+            continue  # restored by tie_weights at load; safetensors refuses shared storage anyway
+        out[k] = v.detach().cpu().contiguous()
+    for n, qw in qweights.items():
+        out.update(tensors_for(n, qw, dtype))
+    out.update({k: v.detach().cpu() for k, v in extra.items()})
+    return out
+
+
+def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWeight], plan: dict[str, Scheme],
+                     tokenizer, meta: dict, extra: dict | None = None, kv_cache_scheme: dict | None = None,
+                     overwrite: bool = False) -> Path:
+    out = Path(out).resolve()
+    check_output(out, overwrite)
+    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        save_tensors(tmp, checkpoint_tensors(model, qweights, extra or {}))
+        config = model.config.to_dict()
+        if "lm_head" in qweights and config.get("tie_word_embeddings"):
+            config["tie_word_embeddings"] = False  # the head now has its own (quantised) weights
+        config["quantization_config"] = quantization_config(plan, linears, kv_cache_scheme)
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True, default=str))
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / "quantkit.json").write_text(json.dumps(meta, indent=2, default=str))
+        _replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _replace(tmp: Path, out: Path) -> None:
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

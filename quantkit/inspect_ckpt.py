@@ -1,0 +1,95 @@
+"""What is in a checkpoint: per-layer scheme, bits per weight (scales included), error, and total size.
+
+Reads safetensors headers only (shapes and dtypes), so inspecting a 70B checkpoint costs no memory.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .errors import UserError
+
+_BYTES = {"I32": 4, "F16": 2, "BF16": 2, "F32": 4, "F8_E4M3": 1, "I8": 1, "U8": 1, "I64": 8, "F64": 8}
+_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "input_scale")
+
+
+def _headers(folder: Path) -> dict[str, dict]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"'{folder}' holds no .safetensors files; pass a folder written by quantkit quantize")
+    out = {}
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                if n <= 0 or n > 100 * 1024**2:
+                    raise ValueError("bad header length")
+                head = json.loads(fh.read(n))
+        except (ValueError, json.JSONDecodeError) as e:
+            raise UserError(f"{f} is corrupt ({e}); re-run quantkit quantize") from None
+        head.pop("__metadata__", None)
+        out.update(head)
+    return out
+
+
+def _nbytes(h: dict) -> int:
+    n = _BYTES.get(h["dtype"], 4)
+    for d in h["shape"]:
+        n *= d
+    return n
+
+
+def inspect_checkpoint(folder) -> dict:
+    folder = Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise UserError(f"'{folder}' is not a checkpoint folder (no config.json)")
+    config = json.loads(cfg_path.read_text())
+    qc = config.get("quantization_config") or {}
+    meta = json.loads((folder / "quantkit.json").read_text()) if (folder / "quantkit.json").is_file() else {}
+    heads = _headers(folder)
+    layers = {}
+    for key, h in heads.items():
+        prefix, _, suffix = key.rpartition(".")
+        if suffix in ("weight_packed",) or (suffix == "weight" and h["dtype"] == "F8_E4M3"):
+            layers[prefix] = {}
+    rows = []
+    quant_bytes = 0
+    groups = list(qc.get("config_groups", {}).values())
+    default_bits = groups[0]["weights"]["num_bits"] if len(groups) == 1 else 4
+    for prefix in layers:
+        parts = {s: heads[f"{prefix}.{s}"] for s in _SUFFIXES if f"{prefix}.{s}" in heads}
+        lm = meta.get("layers", {}).get(prefix, {})
+        sch = lm.get("scheme", {})
+        if "weight_packed" in parts:
+            out_f = parts["weight_packed"]["shape"][0]
+            in_f = parts["weight_packed"]["shape"][1] * (32 // sch.get("num_bits", default_bits))
+        else:
+            parts["weight"] = heads[f"{prefix}.weight"]
+            out_f, in_f = parts["weight"]["shape"]
+        nbytes = sum(_nbytes(h) for s, h in parts.items() if s != "weight_shape")
+        quant_bytes += nbytes
+        rows.append({
+            "layer": prefix,
+            "scheme": sch.get("name", "?"),
+            "group_size": sch.get("group_size"),
+            "symmetric": sch.get("symmetric"),
+            "shape": [out_f, in_f],
+            "bits_per_weight": round(8 * nbytes / (out_f * in_f), 3),
+            "weight_rel_error": lm.get("weight_rel_error"),
+            "output_rel_error": lm.get("output_rel_error"),
+        })
+    total = sum(_nbytes(h) for h in heads.values())
+    source = meta.get("source_bytes")
+    return {
+        "checkpoint": str(folder),
+        "format": qc.get("format"),
+        "quant_method": qc.get("quant_method"),
+        "layers": rows,
+        "quantized_bytes": quant_bytes,
+        "total_bytes": total,
+        "source_bytes": source,
+        "compression": round(source / total, 3) if source else None,
+        "method": meta.get("recipe", {}).get("quant", {}).get("method"),
+        "calibration": meta.get("calibration"),
+    }

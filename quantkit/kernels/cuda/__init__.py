@@ -1,0 +1,15 @@
+"""CUDA C++ kernels (dequant, W4A16 GEMV), JIT-built with torch.utils.cpp_extension on first use.
+
+Importing this package on a machine without a CUDA GPU raises ImportError saying so; the dispatcher checks
+`quantkit.kernels.dispatch.cuda_ready()` and never selects these kernels there.
+"""
+import torch
+
+if not torch.cuda.is_available():
+    raise ImportError("quantkit.kernels.cuda needs a CUDA GPU and a CUDA build of torch "
+                      f"(this torch is {torch.__version__}, torch.cuda.is_available() is False); "
+                      "on CPU quantkit uses the PyTorch or Triton-interpreter paths instead")
+
+from .ops import dequantize_fp8, dequantize_int, gemv_supported, gemv_w4a16, load  # noqa: E402
+
+__all__ = ["load", "dequantize_int", "dequantize_fp8", "gemv_w4a16", "gemv_supported"]

@@ -1,0 +1,1 @@
+"""Finding and loading the float models quantkit works on."""

@@ -1,0 +1,126 @@
+"""Load the float model to quantise: a local Hugging Face folder, a hub id, or the embedded default."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+
+# Architectures whose projections are nn.Linear and that the tests exercise; other causal LMs with nn.Linear
+# projections work too, this list is what error messages point at.
+SUPPORTED = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "opt"]
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _looks_like_path(model: str) -> bool:
+    return not _HUB_ID.match(model) or model.startswith(".")
+
+
+def resolve_model_dir(model: str | None) -> Path:
+    """A local folder holding config.json for MODEL (folder, hub id, or None = embedded)."""
+    if not model:
+        from .embedded import embedded_model_dir
+
+        return embedded_model_dir()
+    p = Path(model).expanduser()
+    if p.exists() or _looks_like_path(model):
+        if not p.exists():
+            raise UserError(f"model folder '{model}' does not exist; pass a Hugging Face model folder or a hub id "
+                            "like Qwen/Qwen2.5-0.5B")
+        if not p.is_dir() or not (p / "config.json").is_file():
+            raise UserError(f"'{model}' is not a Hugging Face model folder (no config.json); pass the folder that "
+                            "save_pretrained wrote")
+        return p
+    return _hub_snapshot(model)
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except Exception:
+        pass
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, etag_timeout=5))
+    except Exception as e:
+        raise UserError(f"could not get '{repo_id}' from the Hugging Face hub ({type(e).__name__}): it is not "
+                        "cached and the hub is unreachable; download it where there is internet and pass the "
+                        "local folder") from None
+
+
+def check_architecture(config) -> None:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    mt = getattr(config, "model_type", None)
+    if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UserError(f"model type '{mt}' is not a causal language model quantkit supports; supported: "
+                        f"{', '.join(SUPPORTED)} (and other transformers causal LMs with nn.Linear projections)")
+
+
+def resolve_dtype(dtype: str, config) -> torch.dtype:
+    if dtype != "auto":
+        return _DTYPES[dtype]
+    d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(d, torch.dtype):
+        return d
+    return _DTYPES.get(str(d).replace("torch.", ""), torch.float32)
+
+
+def load_float_model(model: str | None, dtype: str = "auto", device: str = "cpu"):
+    """(model, tokenizer or None, source folder). The source folder is only read, never written."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    src = resolve_model_dir(model)
+    try:
+        config = AutoConfig.from_pretrained(src)
+    except Exception as e:
+        raise UserError(f"{src}/config.json cannot be read ({str(e).splitlines()[0][:120]}); fix or re-save the model") from None
+    check_architecture(config)
+    if getattr(config, "quantization_config", None):
+        raise UserError(f"'{src}' is already quantised ({config.quantization_config.get('quant_method', '?')}); "
+                        "pass the original float model")
+    torch_dtype = resolve_dtype(dtype, config)
+    try:
+        m = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype)
+    except Exception as e:
+        msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        if "safetensors" in msg.lower() or "header" in msg.lower() or type(e).__name__ == "SafetensorError":
+            raise UserError(f"a safetensors file in '{src}' is corrupt ({msg}); re-download or re-save the model") from None
+        raise UserError(f"cannot load the model in '{src}': {msg}") from None
+    m.eval()
+    check_linear_projections(m)
+    try:
+        tok = AutoTokenizer.from_pretrained(src)
+    except Exception:
+        tok = None
+    return m, tok, src
+
+
+def check_linear_projections(model: nn.Module) -> None:
+    from transformers.pytorch_utils import Conv1D
+
+    if any(isinstance(m, Conv1D) for m in model.modules()):
+        raise UserError(f"{type(model).__name__} uses GPT-2-style Conv1D projections, which quantkit does not quantise; "
+                        f"supported: {', '.join(SUPPORTED)}")
+
+
+def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
+    """The ModuleList of decoder blocks (the longest ModuleList whose length is num_hidden_layers)."""
+    n = getattr(model.config, "num_hidden_layers", None)
+    best = None
+    for name, mod in model.named_modules():
+        if isinstance(mod, nn.ModuleList) and len(mod) > 0 and (n is None or len(mod) == n):
+            if best is None or len(mod) > len(best[1]):
+                best = (name, mod)
+    if best is None:
+        raise UserError(f"cannot find the decoder layers of {type(model).__name__}; supported: {', '.join(SUPPORTED)}")
+    return best

@@ -1,0 +1,152 @@
+"""Our own decode loop: prefill once, then one verify forward per step with a KV cache.
+
+A `Sequence` is one request's state (ids, caches, sampler, metrics). `step()` runs one target forward and
+returns the tokens it produced: exactly one without speculation, 1..k+1 with it. The server's scheduler
+calls `step()` on each active sequence in turn; `generate()` simply loops it for one prompt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserError
+from . import sampling
+from .kv_cache import crop_to, forward, new_cache
+from .metrics import RequestMetrics
+from .sampling import SamplingParams
+from .speculative import accept as speculative_accept
+from .text import Detokenizer
+
+
+@dataclass
+class TokenInfo:
+    id: int
+    logprob: float  # under the model's own distribution (temperature 1), as OpenAI reports it
+    drafted: bool  # an accepted drafted token (not produced by the target itself)
+    text: str = ""
+
+
+def context_limit(model) -> int:
+    return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+
+
+def eos_ids(model, tokenizer=None) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config):
+        e = getattr(src, "eos_token_id", None) if src is not None else None
+        if e is not None:
+            ids.update(e if isinstance(e, (list, tuple)) else [e])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class Sequence:
+    def __init__(self, model, prompt_ids: list[int], params: SamplingParams, *, drafter=None,
+                 num_speculative_tokens: int = 4, tokenizer=None, eos: set[int] | None = None):
+        if not prompt_ids:
+            raise UserError("the prompt is empty; give at least one token of text")
+        limit = context_limit(model)
+        if len(prompt_ids) >= limit:
+            raise UserError(f"the prompt has {len(prompt_ids)} tokens but the model's context is {limit}; "
+                            "shorten the prompt")
+        self.model = model
+        self.params = params.validate()
+        self.max_tokens = min(params.max_tokens, limit - len(prompt_ids))
+        self.ids = torch.tensor(prompt_ids, dtype=torch.long)
+        self.n_prompt = len(prompt_ids)
+        self.cache = new_cache(model)
+        self.drafter = drafter
+        self.k = num_speculative_tokens
+        self.gen = None if params.greedy else params.make_generator()
+        self.eos = set() if params.ignore_eos else (eos if eos is not None else eos_ids(model, tokenizer))
+        self.detok = Detokenizer(tokenizer, params.stop) if tokenizer is not None else None
+        self.metrics = RequestMetrics(prompt_tokens=len(prompt_ids))
+        self.finish_reason: str | None = None
+        self.tokens: list[TokenInfo] = []
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def n_generated(self) -> int:
+        return self.ids.shape[0] - self.n_prompt
+
+    def _forward(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
+        self.metrics.target_forwards += 1
+        return forward(self.model, ids, self.cache, last_only)
+
+    def _choose(self, logits: torch.Tensor) -> int:
+        if self.params.greedy:
+            return int(logits.argmax())
+        return int(sampling.pick(sampling.probs(logits, self.params), self.gen))
+
+    def step(self, speculate: bool = True) -> list[TokenInfo]:
+        """One target forward; the first call is the prefill. Returns the new tokens (empty when done)."""
+        if self.done:
+            return []
+        if self.cache.get_seq_length() == 0:
+            logits = self._forward(self.ids, last_only=True)
+            return self._emit([self._choose(logits[-1])], logits, [False])
+        n_ctx = self.ids.shape[0]
+        draft, q = [], None
+        k = min(self.k, self.max_tokens - self.n_generated - 1)
+        if speculate and self.drafter is not None and k > 0:
+            draft, q = self.drafter.propose(self.ids, k, self.params, self.gen)
+        feed = torch.cat([self.ids[-1:], torch.tensor(draft, dtype=torch.long)]) if draft else self.ids[-1:]
+        logits = self._forward(feed, last_only=False)
+        if not draft:
+            return self._emit([self._choose(logits[-1])], logits, [False])
+        p = sampling.probs(logits, self.params)
+        n, extra = speculative_accept(p, q, draft, self.gen, self.params.greedy)
+        # The cache now holds every fed token; keep the context (minus the pending last) plus accepted drafts.
+        crop_to(self.cache, n_ctx + n)
+        self.drafter.rollback(n_ctx + n)
+        self.metrics.spec_steps += 1
+        self.metrics.drafted += len(draft)
+        self.metrics.accepted += n
+        return self._emit(draft[:n] + [extra], logits[: n + 1], [True] * n + [False])
+
+    def _emit(self, new: list[int], logits: torch.Tensor, drafted: list[bool]) -> list[TokenInfo]:
+        rows = logits[-len(new):].float().log_softmax(-1)
+        lps = rows.gather(-1, torch.tensor(new).unsqueeze(-1)).squeeze(-1).tolist()
+        out: list[TokenInfo] = []
+        for tok, lp, d in zip(new, lps, drafted):
+            info = TokenInfo(tok, lp, d)
+            out.append(info)
+            if tok in self.eos:
+                self.finish_reason = "stop"
+                break
+            if self.detok is not None:
+                info.text = self.detok.add(tok)
+                if self.detok.stopped:
+                    self.finish_reason = "stop"
+                    break
+            if self.n_generated + len(out) >= self.max_tokens:
+                self.finish_reason = "length"
+                break
+        self.ids = torch.cat([self.ids, torch.tensor([t.id for t in out], dtype=torch.long)])
+        if self.done and self.detok is not None and out:
+            out[-1].text += self.detok.flush()
+        self.metrics.on_tokens(len(out))
+        self.tokens.extend(out)
+        return out
+
+    def output_ids(self) -> list[int]:
+        return self.ids[self.n_prompt:].tolist()
+
+    def text(self) -> str:
+        return self.detok.text if self.detok is not None else ""
+
+
+@torch.inference_mode()
+def generate(model, prompt_ids: list[int], params: SamplingParams, *, drafter=None, num_speculative_tokens: int = 4,
+             tokenizer=None, eos: set[int] | None = None, speculate: bool = True) -> Sequence:
+    """Decode one prompt to completion; returns the finished Sequence (ids, text, tokens, metrics)."""
+    seq = Sequence(model, prompt_ids, params, drafter=drafter, num_speculative_tokens=num_speculative_tokens,
+                   tokenizer=tokenizer, eos=eos)
+    while not seq.done:
+        seq.step(speculate=speculate)
+    return seq

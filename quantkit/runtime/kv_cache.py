@@ -1,0 +1,34 @@
+"""KV-cache helpers: make one per sequence and roll it back after a rejected speculation."""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def crop_to(cache: DynamicCache, length: int) -> None:
+    """Keep only the first `length` positions (a negative argument to crop means 'remove this many')."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def _cache_kw(model) -> str:
+    # transformers 5.x renames the argument to `cache` (the old name warns); 4.x only knows the old one.
+    kw = getattr(model, "_quantkit_cache_kw", None)
+    if kw is None:
+        kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        model._quantkit_cache_kw = kw
+    return kw
+
+
+def forward(model, ids: torch.Tensor, cache: DynamicCache, last_only: bool) -> torch.Tensor:
+    """Logits [n, V] for the 1-D ids appended to the cache (only the last row when last_only)."""
+    out = model(input_ids=ids.unsqueeze(0), use_cache=True, logits_to_keep=1 if last_only else 0,
+                **{_cache_kw(model): cache})
+    return out.logits[0]

@@ -1,0 +1,83 @@
+"""Load a quantkit (or any compressed-tensors INT/FP8) checkpoint into its transformers model class.
+
+The model is built with empty (meta) weights, every quantised Linear is swapped for a QuantLinear holding the
+packed tensors, and the checkpoint tensors are assigned in place: no float copy of the quantised weights is
+ever materialised. A folder without quantization_config loads as a plain float model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from ..formats.compressed_tensors import load_tensors, module_targets
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, child, new)
+
+
+def _quant_module(linear: nn.Linear, group: dict, name: str, tensors: dict, dtype: torch.dtype) -> nn.Module:
+    weights = group["weights"]
+    if weights["type"] == "float":
+        from ..nn_fp8 import FP8Linear
+
+        return FP8Linear.from_group(linear, group, dtype, has_input_scale=f"{name}.input_scale" in tensors)
+    from ..nn import QuantLinear
+
+    return QuantLinear.from_group(linear, weights, f"{name}.weight_g_idx" in tensors, dtype)
+
+
+def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None = None) -> nn.Module:
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise UserError(f"'{path}' is not a model folder (no config.json); pass the folder quantkit quantize wrote")
+    raw = json.loads((path / "config.json").read_text())
+    qc = raw.get("quantization_config")
+    if isinstance(dtype, str):
+        dtype = _DTYPES[dtype]
+    if qc is None:
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+        return m.to(device).eval()
+    if qc.get("quant_method") != "compressed-tensors":
+        raise UserError(f"'{path}' uses quant_method '{qc.get('quant_method')}'; quantkit loads compressed-tensors checkpoints")
+    config = AutoConfig.from_pretrained(path)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    tensors = load_tensors(path)
+    if dtype is None:
+        dtype = next((t.dtype for k, t in tensors.items() if k.endswith("weight_scale") or k.endswith("norm.weight")),
+                     torch.float16)
+    # assign=True keeps the stored dtype, so float tensors are cast here to the dtype the caller asked for
+    tensors = {k: t.to(dtype) if t.is_floating_point() and t.element_size() > 1 else t for k, t in tensors.items()}
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    for name, group in module_targets(qc, linears).items():
+        _set_module(model, name, _quant_module(linears[name], group, name, tensors, dtype))
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+        missing = [k for k in missing if k != "lm_head.weight"]
+    leftover = [k for k in missing if not k.endswith("weight_g_idx")]
+    meta_params = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
+    if leftover or unexpected or meta_params:
+        raise UserError(f"'{path}' does not match its config: missing {leftover[:3]}, unexpected {unexpected[:3]}, "
+                        f"uninitialised {meta_params[:3]}; re-run quantkit quantize")
+    model.to(device).eval()
+    from ..kernels import dispatch
+    from ..nn import QuantLinear
+
+    for m in model.modules():
+        if isinstance(m, QuantLinear):
+            dispatch.prepare(m)
+    return model

@@ -1,0 +1,70 @@
+"""Turning logits into a next token: greedy, or sampling with temperature, top-k and top-p.
+
+Speculative decoding needs the *distribution* the sampler draws from (p for the target, q for the draft),
+not just a token, so `probs` is the single place that defines it; `pick` draws from it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import UserError
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1: off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> "SamplingParams":
+        if self.max_tokens < 1:
+            raise UserError(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise UserError(f"temperature must be >= 0 (0 is greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise UserError(f"top_k must be >= 0 (0 turns it off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
+        return self
+
+    def make_generator(self) -> torch.Generator:
+        g = torch.Generator()
+        g.manual_seed(self.seed if self.seed is not None else torch.seed())
+        return g
+
+
+def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Sampling distribution [..., V] (float32) for logits [..., V]; one-hot on the argmax when greedy."""
+    logits = logits.float()
+    if params.greedy:
+        # One-hot keeps speculative acceptance exact for greedy: p/q is 1 on agreement and 0 otherwise.
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
+        sorted_p = sorted_logits.softmax(-1)
+        # Drop a token when the mass *before* it already reaches top_p, so the top token always survives.
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+    return logits.softmax(-1)
+
+
+def pick(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of p [..., V] (long [...])."""
+    flat = p.reshape(-1, p.shape[-1])
+    out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
+    return out.reshape(p.shape[:-1])

@@ -1,0 +1,149 @@
+"""Speculative decoding: draft sources and the rejection rule that keeps the target's output distribution.
+
+A drafter proposes k tokens (and, for a model drafter that samples, the distribution q each came from);
+the target scores all of them in one forward giving p; `accept` keeps a prefix and adds one token of its own,
+so every verify forward yields between 1 and k+1 tokens whose joint law is exactly the target's.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from ..errors import UserError
+from . import sampling
+from .kv_cache import crop_to, forward, new_cache
+
+
+def accept(p: torch.Tensor, q: torch.Tensor | None, draft: list[int], generator: torch.Generator | None,
+           greedy: bool) -> tuple[int, int]:
+    """Number of drafted tokens kept, and the token the target adds after them.
+
+    p: [k+1, V] target distributions at the k drafted positions plus the one after; q: [k, V] the draft's
+    distributions, or None for a deterministic draft (q is then one-hot on the drafted token).
+    Rule: keep draft i with probability min(1, p_i(t)/q_i(t)); at the first refusal draw from
+    normalise(max(0, p_i - q_i)); if all k are kept draw the extra token from p_k.
+    """
+    k = len(draft)
+    if greedy:
+        # p is one-hot on the argmax, so the rule reduces to "keep while the draft equals the argmax".
+        target = p.argmax(-1).tolist()
+        n = 0
+        while n < k and draft[n] == target[n]:
+            n += 1
+        return n, target[n]
+    u = torch.rand(k, generator=generator).tolist() if k else []
+    for i, t in enumerate(draft):
+        pt = p[i, t].item()
+        qt = 1.0 if q is None else q[i, t].item()
+        if qt > 0 and u[i] * qt < pt:  # u < p/q without dividing; p >= q always accepts since u < 1
+            continue
+        if q is None:
+            residual = p[i].clone()
+            residual[t] = 0.0
+        else:
+            residual = torch.clamp(p[i] - q[i], min=0.0)
+        total = residual.sum()
+        # A zero residual needs p == q, where refusal has probability 0; guard rounding anyway.
+        residual = p[i] if total <= 0 else residual / total
+        return i, int(sampling.pick(residual, generator))
+    return k, int(sampling.pick(p[k], generator))
+
+
+class PromptLookupDrafter:
+    """Propose the tokens that followed the latest earlier occurrence of the context's last n-gram.
+
+    Tries n = max_ngram down to 1; no model, no cache, q is one-hot (deterministic draft).
+    """
+
+    deterministic = True
+
+    def __init__(self, max_ngram: int = 3):
+        if max_ngram < 1:
+            raise UserError(f"--prompt-lookup needs an n-gram size of at least 1, got {max_ngram}")
+        self.max_ngram = max_ngram
+
+    def propose(self, ids: torch.Tensor, k: int, params, generator) -> tuple[list[int], None]:
+        L = ids.shape[0]
+        for n in range(min(self.max_ngram, L - 1), 0, -1):
+            tail = ids[L - n:]
+            windows = ids[: L - 1].unfold(0, n, 1)  # windows ending before the tail's own position
+            hits = (windows == tail).all(-1).nonzero()
+            if hits.numel():
+                start = int(hits[-1]) + n
+                cont = ids[start: start + k].tolist()
+                if cont:
+                    return cont, None
+        return [], None
+
+    def rollback(self, valid_len: int) -> None:
+        pass
+
+
+class ModelDrafter:
+    """A small model sharing the target's tokenizer drafts k tokens autoregressively with its own KV cache."""
+
+    deterministic = False
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = new_cache(model)
+        self.n_cached = 0
+
+    def _logits(self, ids: torch.Tensor) -> torch.Tensor:
+        self.n_cached += ids.shape[0]
+        return forward(self.model, ids, self.cache, last_only=True)[-1]
+
+    def propose(self, ids: torch.Tensor, k: int, params, generator) -> tuple[list[int], torch.Tensor | None]:
+        logits = self._logits(ids[self.n_cached:])
+        draft, qs = [], []
+        for i in range(k):
+            if params.greedy:
+                t = int(logits.argmax())
+            else:
+                q = sampling.probs(logits, params)
+                t = int(sampling.pick(q, generator))
+                qs.append(q)
+            draft.append(t)
+            if i + 1 < k:
+                logits = self._logits(torch.tensor([t]))
+        return draft, (torch.stack(qs) if qs else None)
+
+    def rollback(self, valid_len: int) -> None:
+        if self.n_cached > valid_len:
+            crop_to(self.cache, valid_len)
+            self.n_cached = valid_len
+
+
+def check_vocab(target, draft, target_tok=None, draft_tok=None) -> None:
+    """Refuse a draft whose token ids mean something else than the target's."""
+    tv = target.get_output_embeddings().weight.shape[0]
+    dv = draft.get_output_embeddings().weight.shape[0]
+    if tv != dv:
+        raise UserError(f"the draft model's vocabulary ({dv} tokens) differs from the target's ({tv}); "
+                        "use a draft trained with the same tokenizer, or --prompt-lookup / --draft self-w4")
+    if target_tok is not None and draft_tok is not None and target_tok.get_vocab() != draft_tok.get_vocab():
+        raise UserError("the draft model's tokenizer maps tokens to different ids than the target's; "
+                        "use a draft with the same tokenizer, or --prompt-lookup / --draft self-w4")
+
+
+def self_w4_draft(model, group_size: int = 128):
+    """A copy of `model` whose Linear weights are replaced by their W4 RTN dequantised values (lm_head kept).
+
+    Fake quantisation: it shows what the W4 checkpoint would draft (same tokens), not its speed; a real W4
+    checkpoint loaded with the runtime's loader drafts faster.
+    """
+    from ..schemes import get_scheme
+    from ..solvers.rtn import rtn_quantize
+
+    draft = copy.deepcopy(model)
+    head = draft.get_output_embeddings()
+    with torch.no_grad():
+        for name, mod in draft.named_modules():
+            if not isinstance(mod, torch.nn.Linear) or mod is head:
+                continue
+            n_in = mod.weight.shape[1]
+            scheme = get_scheme("w4a16").with_options(group_size=group_size if n_in % group_size == 0 else -1)
+            w = rtn_quantize(mod.weight.data, scheme).dequantize()
+            mod.weight.data = w.to(mod.weight.dtype)
+    return draft

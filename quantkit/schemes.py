@@ -1,0 +1,62 @@
+"""Quantisation schemes: what a Linear's weights (and activations) become, independent of how they are solved."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from .errors import UserError
+
+
+@dataclass(frozen=True)
+class Scheme:
+    name: str
+    num_bits: int
+    type: str  # "int" or "float"
+    symmetric: bool = True
+    group_size: int = 128  # -1: one group per output channel
+    actorder: str | None = None  # None, "weight" or "group"
+    # activations: None (weight-only), "dynamic" (per token at run time) or "static" (calibrated per tensor)
+    activations: str | None = None
+    weight_strategy_override: str | None = None  # "tensor" for fp8 static
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.type == "float"
+
+    @property
+    def strategy(self) -> str:
+        if self.weight_strategy_override:
+            return self.weight_strategy_override
+        return "channel" if self.group_size == -1 else "group"
+
+    @property
+    def qmin(self) -> int:
+        return -(1 << (self.num_bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return (1 << (self.num_bits - 1)) - 1
+
+    def with_options(self, **kw) -> "Scheme":
+        kw = {k: v for k, v in kw.items() if v is not None}
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, Scheme] = {
+    "w4a16": Scheme("w4a16", 4, "int", True, 128),
+    "w8a16": Scheme("w8a16", 8, "int", True, -1),
+    "fp8": Scheme("fp8", 8, "float", True, -1, activations="static", weight_strategy_override="tensor"),
+    "fp8-dynamic": Scheme("fp8-dynamic", 8, "float", True, -1, activations="dynamic"),
+}
+
+
+def get_scheme(name: str) -> Scheme:
+    if name not in PRESETS:
+        import difflib
+
+        close = difflib.get_close_matches(name, PRESETS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise UserError(f"unknown scheme '{name}'{hint}; choose one of: {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,45 @@
+"""The interface the pipeline drives: one LinearSolver per quantised Linear."""
+from __future__ import annotations
+
+import torch
+
+from ..qweight import QWeight
+from ..schemes import Scheme
+
+
+class LinearSolver:
+    """Feed it the Linear's inputs with add_batch (if needs_data), then call solve once.
+
+    name is the module's full name, used in warnings and errors. options holds the method's knobs
+    (the resolved recipe's `method` section as a dict).
+    """
+
+    needs_data: bool = False
+
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
+        self.name = name
+        self.weight = weight
+        self.scheme = scheme
+        self.options = options
+
+    def add_batch(self, x: torch.Tensor) -> None:  # x: [tokens, in_features]
+        pass
+
+    def solve(self) -> QWeight:
+        raise NotImplementedError
+
+
+class LayerTransform:
+    """A change applied to a whole decoder layer before its Linears are solved (AWQ scaling, KV observers).
+
+    apply() receives the layer, its calibration inputs (capture.LayerInputs) and {module: (name, Scheme)} of
+    the layer's targeted Linears; it may modify the layer's float weights in place (keeping the float function
+    unchanged) and returns {"stats": {linear_name: {...}}, "tensors": {checkpoint_key: tensor}}.
+    """
+
+    def __init__(self, model, options: dict):
+        self.model = model
+        self.options = options
+
+    def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:
+        raise NotImplementedError
