@@ -23,9 +23,22 @@ def _register() -> None:
     from . import quantize_cmd, inspect_cmd  # noqa: F401
 
 
+def _quiet_libraries() -> None:
+    """transformers' load reports and download bars would bury our one-line errors and our own progress."""
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def main() -> None:
     from ..errors import UserError
 
+    _quiet_libraries()
     _register()
     try:
         app()

@@ -104,8 +104,9 @@ def _parquet(path: Path, source: dict, text_field) -> Corpus:
 def _txt(path: Path, text: str, source: dict) -> Corpus:
     # Blank lines separate documents; a file without blank lines is one document. Either way the blocks
     # are consecutive parts of one text, so the corpus is continuous.
-    blocks = [b.strip() for b in re.split(r"\n[ \t]*\n", text)]
-    return Corpus(rows=[b for b in blocks if b], source=source, continuous=True, separator="\n\n")
+    # Leading spaces are kept: in code they are indentation.
+    blocks = [b.lstrip("\r\n").rstrip() for b in re.split(r"\n[ \t]*\n", text)]
+    return Corpus(rows=[b for b in blocks if b.strip()], source=source, continuous=True, separator="\n\n")
 
 
 def _saved_dataset(path: Path, for_eval: bool, text_field) -> Corpus:

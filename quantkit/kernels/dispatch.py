@@ -2,7 +2,9 @@
 
 CUDA: the CUDA C++ GEMV at 1-4 rows (4-bit, fp16/bf16), the Triton kernels up to TRITON_GEMM_MAX_ROWS rows,
 dequantise + cuBLAS above. CPU: torch's packed int4/int8 ops where they apply (one-time repack in prepare),
-else dequantise into a reused buffer + float matmul. Triton is only chosen on CPU when forced (interpreter).
+else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
+activations (fp32/fp16 take a scalar path 100-300x slower than a float matmul, bench/kernels_cpu.py), so
+they are repacked for bfloat16 models (scale dtype) and used for bfloat16 activations only. Triton is only chosen on CPU when forced (interpreter).
 QUANTKIT_KERNEL=reference|triton|cuda|torch forces a family; `torch` means torch's own ops (CPU packed ops,
 or dequantise with PyTorch + matmul on GPU). The output dtype is always x.dtype.
 """
@@ -76,7 +78,7 @@ def prepare(module) -> None:
     """One-time work per layer at load: CPU repacks for torch's packed ops, cached on the module."""
     module._cpu_int4 = None
     module._cpu_int8 = None
-    if module.weight_packed.device.type == "cpu":
+    if module.weight_packed.device.type == "cpu" and module.weight_scale.dtype == torch.bfloat16:
         wp, sc, zp, gi, gs = _tensors(module)
         if module.bits == 4:
             module._cpu_int4 = cpu.repack_int4(wp, sc, zp, gi, gs, module.in_features)
@@ -104,9 +106,9 @@ def choose(module, rows: int, x: torch.Tensor) -> str:
         ok = gemv_supported(module.in_features, module.group_size, gi_present, module.bits, rows, x.dtype)
         return "cuda-gemv" if ok else "cuda-dequant-matmul"
     if dev.type == "cpu":
-        if module._cpu_int4 is not None:
+        if x.dtype == torch.bfloat16 and module._cpu_int4 is not None:
             return "cpu-int4pack"
-        if module._cpu_int8 is not None:
+        if x.dtype == torch.bfloat16 and module._cpu_int8 is not None:
             return "cpu-int8pack"
         return "torch-dequant-matmul"
     if forced == "torch":

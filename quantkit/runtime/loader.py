@@ -23,6 +23,30 @@ def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, child, new)
 
 
+KV_SCALE_KEYS = (".k_scale", ".v_scale")
+
+
+def attach_kv_scales(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Register each `<attention>.k_scale`/`.v_scale` tensor as a buffer of its attention module (where
+    FP8KVCache.from_model finds them); returns the other tensors."""
+    rest = {}
+    for k, t in tensors.items():
+        if not k.endswith(KV_SCALE_KEYS):
+            rest[k] = t
+            continue
+        owner, _, attr = k.rpartition(".")
+        try:
+            mod = model.get_submodule(owner)
+        except AttributeError:
+            raise UserError(f"the checkpoint has {k} but the model has no module '{owner}'; re-run quantkit "
+                            "quantize") from None
+        if attr in mod._buffers:
+            mod._buffers[attr] = t
+        else:
+            mod.register_buffer(attr, t)
+    return rest
+
+
 def _quant_module(linear: nn.Linear, group: dict, name: str, tensors: dict, dtype: torch.dtype) -> nn.Module:
     weights = group["weights"]
     if weights["type"] == "float":
@@ -57,6 +81,8 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     if dtype is None:
         dtype = next((t.dtype for k, t in tensors.items() if k.endswith("weight_scale") or k.endswith("norm.weight")),
                      torch.float16)
+    # KV scales stay float32, taken before the cast below, so FP8KVCache sees exactly the stored values
+    kv_scales = {k: tensors.pop(k).float() for k in [k for k in tensors if k.endswith(KV_SCALE_KEYS)]}
     # assign=True keeps the stored dtype, so float tensors are cast here to the dtype the caller asked for
     tensors = {k: t.to(dtype) if t.is_floating_point() and t.element_size() > 1 else t for k, t in tensors.items()}
     with init_empty_weights(include_buffers=False):
@@ -64,11 +90,12 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     for name, group in module_targets(qc, linears).items():
         _set_module(model, name, _quant_module(linears[name], group, name, tensors, dtype))
+    attach_kv_scales(model, kv_scales)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
         missing = [k for k in missing if k != "lm_head.weight"]
-    leftover = [k for k in missing if not k.endswith("weight_g_idx")]
+    leftover = [k for k in missing if not k.endswith("weight_g_idx") and k not in kv_scales]
     meta_params = [n for n, p in list(model.named_parameters()) + list(model.named_buffers()) if p.is_meta]
     if leftover or unexpected or meta_params:
         raise UserError(f"'{path}' does not match its config: missing {leftover[:3]}, unexpected {unexpected[:3]}, "

@@ -1,4 +1,4 @@
-"""Seeded packed-weight fixtures for the kernel tests: RTN codes packed exactly as the checkpoint writer does."""
+"""Seeded packed weights for kernel tests and benchmarks: RTN codes packed exactly as the checkpoint writer does."""
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,0 +1,104 @@
+"""Quantise the embedded SmolLM2-135M-Instruct every way quantkit supports and compare them with `run_eval`.
+
+Usage: python bench/eval_smollm.py [--out bench/out/eval_smollm] [--per-task 20] [--windows 8]
+
+Perplexity text: the Python language reference shipped inside CPython (pydoc_data.topics), since hub datasets
+cannot be fetched here; it is held-out for this model in the sense that nothing here calibrates on it.
+Tasks: calibration/tasks/eval_tasks.jsonl, the first --per-task items of each task label. Variants that fail
+to quantise or load are listed as skipped with the reason; the table is printed and written to OUT/report.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+VARIANTS = [  # label, recipe overrides
+    ("w8a16", {"quant.scheme": "w8a16", "quant.method": "rtn"}),
+    ("w4a16-rtn", {"quant.scheme": "w4a16", "quant.method": "rtn", "quant.group_size": 64}),
+    ("w4a16-gptq", {"quant.scheme": "w4a16", "quant.method": "gptq", "quant.group_size": 64}),
+    ("w4a16-awq", {"quant.scheme": "w4a16", "quant.method": "awq", "quant.group_size": 64}),
+    ("fp8", {"quant.scheme": "fp8", "quant.method": "rtn"}),
+    ("fp8-kv", {"quant.scheme": "fp8", "quant.method": "rtn", "quant.kv_cache": "fp8"}),
+]
+
+
+def _text_file(path: Path) -> Path:
+    import pydoc_data.topics as topics
+
+    path.write_text("\n\n".join(topics.topics[k] for k in sorted(topics.topics)))
+    return path
+
+
+def _task_subset(per_task: int, path: Path) -> Path:
+    seen: dict[str, int] = {}
+    keep = []
+    for line in (ROOT / "calibration/tasks/eval_tasks.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if seen.get(rec["task"], 0) < per_task:
+            seen[rec["task"]] = seen.get(rec["task"], 0) + 1
+            keep.append(line)
+    path.write_text("\n".join(keep) + "\n")
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(ROOT / "bench/out/eval_smollm"))
+    ap.add_argument("--per-task", type=int, default=20)
+    ap.add_argument("--windows", type=int, default=8)
+    ap.add_argument("--seq-len", type=int, default=256)
+    ap.add_argument("--max-new-tokens", type=int, default=10)
+    ap.add_argument("--calib-samples", type=int, default=32)
+    ap.add_argument("--only", default="", help="comma list of variant labels")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+
+    from rich.console import Console
+
+    from quantkit.evaluate import run_eval
+    from quantkit.evaluate.report import print_tables
+    from quantkit.models.embedded import embedded_model_dir
+    from quantkit.quantize import quantize_to_checkpoint
+    from quantkit.recipe import Recipe, apply_overrides
+    from quantkit.runtime.loader import load
+
+    out = Path(args.out)
+    ckpts = out / "checkpoints"
+    ckpts.mkdir(parents=True, exist_ok=True)
+    base = embedded_model_dir()
+    made, skipped = [], {}
+    only = set(filter(None, args.only.split(",")))
+    for label, over in VARIANTS:
+        if only and label not in only:
+            continue
+        t0 = time.time()
+        try:
+            r = apply_overrides(Recipe(), {"model": str(base), "output": str(ckpts / label), "overwrite": True,
+                                           "calibration.num_samples": args.calib_samples,
+                                           "calibration.seq_len": args.seq_len, **over})
+            quantize_to_checkpoint(r, log=lambda *a: None)
+            load(ckpts / label, device=args.device)  # a checkpoint the runtime cannot load is reported, not run
+            made.append(f"{label}={ckpts / label}")
+            print(f"quantised {label} in {time.time() - t0:.0f} s")
+        except Exception as e:  # noqa: BLE001 - a bench lists what failed and goes on with the rest
+            skipped[label] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            print(f"skipped {label}: {skipped[label]}")
+    t0 = time.time()
+    report = run_eval(f"fp16-base={base}", made, data=str(_text_file(out / "python_reference.txt")),
+                      tasks=str(_task_subset(args.per_task, out / "tasks.jsonl")), out_dir=out,
+                      seq_len=args.seq_len, max_windows=args.windows, max_new_tokens=args.max_new_tokens,
+                      device=args.device, log=print)
+    print(f"eval: {time.time() - t0:.0f} s")
+    print_tables(report, Console(width=220))
+    if skipped:
+        print("skipped:", json.dumps(skipped, indent=1))
+        with open(out / "report.md", "a") as fh:
+            fh.write("\nSkipped variants:\n\n" + "".join(f"- {k}: {v}\n" for k, v in skipped.items()))
+
+
+if __name__ == "__main__":
+    main()

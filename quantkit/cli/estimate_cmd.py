@@ -1,0 +1,47 @@
+"""`quantkit estimate`: roofline sizing of a model from its config alone."""
+from __future__ import annotations
+
+import typer
+
+from . import app
+from .common import console, emit_json
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+@app.command("estimate")
+def estimate(
+    model: str = typer.Argument(..., help="config.json, a model folder, or a cached hub id."),
+    gpu: str = typer.Option("h100", "--gpu", help="h100, h100-pcie, h200, a100, a100-40gb, l40s, l4, a10g, rtx4090, mi300x."),
+    precision: str = typer.Option("bf16,fp8,int4", "--precision", help="Comma list of bf16, fp16, fp8, int8, int4."),
+    context: int = typer.Option(4096, "--context", help="Tokens of context per sequence."),
+    batch: int = typer.Option(1, "--batch", help="Sequences decoded together."),
+    kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16, fp16 or fp8."),
+    group_size: int = typer.Option(128, "--group-size", help="int4 group size (one 16-bit scale per group)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON on stdout."),
+):
+    """Weight bytes, KV bytes, GPUs needed and bandwidth-bound decode tokens/s, per precision.
+
+    Example: quantkit estimate meta-llama/Meta-Llama-3-70B --gpu h100 --precision bf16,fp8,int4 --context 8192
+    """
+    from rich.table import Table
+
+    from ..evaluate.estimate import estimate as run, load_config
+
+    precisions = [p.strip().lower() for p in precision.split(",") if p.strip()]
+    result = run(load_config(model), gpu, precisions, context, batch, kv_dtype.lower(), group_size)
+    if as_json:
+        emit_json(result)
+        return
+    t = Table(title=f"{model} on {gpu} ({result['params'] / 1e9:.2f}B params, context {context}, batch {batch}, "
+                    f"KV {kv_dtype})")
+    for col in ("precision", "weights", "KV / token", "KV total", "GPUs", "tokens/s (1 stream)"):
+        t.add_column(col, justify="left" if col == "precision" else "right")
+    for p, r in result["precisions"].items():
+        t.add_row(p, _gb(r["weight_bytes"]), f"{r['kv_bytes_per_token'] / 1024:.0f} KiB", _gb(r["kv_bytes"]),
+                  str(r["gpus"]), f"{r['tokens_per_s']:.1f}")
+    console.print(t)
+    console.print(f"[dim]upper bounds: decode reads all weights and the KV cache once per step; "
+                  f"{result['usable_fraction']:.0%} of each GPU's memory counted as usable[/]")

@@ -1,0 +1,92 @@
+"""`quantkit eval`: a baseline against its quantised variants on the same text and prompts.
+
+Per variant and per task: perplexity, greedy exact match, agreement with the baseline, KL tails with the
+worst positions, latency, memory; written as report.json, report.md and PNG plots. Import cost stays low:
+the heavy modules load inside run_eval.
+"""
+from __future__ import annotations
+
+from .gates import GATES, check_gates, parse_gates
+
+__all__ = ["run_eval", "check_gates", "parse_gates", "GATES"]
+
+
+def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, max_windows=None,
+             max_new_tokens=32, device="cpu", *, gates=None, dtype=None, stride=None, text_field="text",
+             scratch_dir=None, plots=True, log=None) -> dict:
+    """Evaluate BASE and each VARIANT (folders, 'LABEL=folder', or 'embedded'); returns the report dict.
+
+    `gates` ({name: bound}) adds report["gate_failures"]; `out_dir` writes report.json, report.md,
+    answers.jsonl and the plots there.
+    """
+    from pathlib import Path
+
+    from ..data import load_eval_windows, load_tasks
+    from ..data.tokens import prefix_special_ids
+    from ..errors import UserError
+    from . import gates as G
+    from .models import load_tokenizer, parse_specs
+    from .runner import _dtype_for, evaluate_model
+    from .store import LogProbStore
+
+    log = log or (lambda msg: None)
+    gates = dict(gates or {})
+    if not data and not tasks:
+        raise UserError("nothing to evaluate; pass --data SPEC (perplexity text) and/or --tasks FILE.jsonl "
+                        "(e.g. calibration/tasks/eval_tasks.jsonl)")
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
+    G.validate_inputs(gates, bool(data), bool(tasks))
+    specs = parse_specs(str(base), [str(v) for v in (variants or [])])
+    tok = load_tokenizer(specs)
+    task_list = load_tasks(tasks) if tasks else []
+    windows, body, stride_used = [], 0, 0
+    if data:
+        windows = load_eval_windows(str(data), tok, seq_len=seq_len, stride=stride, max_windows=max_windows,
+                                    text_field=text_field)
+        body = seq_len - len(prefix_special_ids(tok))
+        stride_used = windows.meta["stride"]
+    prompts = [tok(t.prompt)["input_ids"] for t in task_list]
+    settings = {"data": str(data) if data else None, "tasks": str(tasks) if tasks else None, "seq_len": seq_len,
+                "windows": len(windows), "stride": stride_used, "num_tasks": len(task_list),
+                "max_new_tokens": max_new_tokens, "device": str(device), "dtype": str(dtype)}
+    if windows:
+        settings["data_sha256"] = windows.meta.get("sha256")
+    rows, kls, items = [], {}, {}
+    store = LogProbStore(scratch_dir)
+    base_answers = {}
+    try:
+        for i, spec in enumerate(specs):
+            res = evaluate_model(spec, is_base=i == 0, tok=tok, windows=windows, body=body, stride=stride_used,
+                                 tasks=task_list, prompts=prompts, max_new=max_new_tokens, device=device,
+                                 dtype=_dtype_for(device, dtype), store=store, base_answers=base_answers, log=log)
+            if i == 0:
+                base_answers = res["answers"]
+            rows.append(res["row"])
+            if i:
+                kls[spec.label] = res["kl"]
+            for it in res["items"]:
+                rec = items.setdefault(it["id"], {"id": it["id"], "task": it["task"], "outputs": {}})
+                rec["outputs"][spec.label] = it["output"]
+    finally:
+        store.close()
+    for t in task_list:
+        if t.id in items:
+            items[t.id]["prompt"], items[t.id]["answer"] = t.prompt, t.answer
+    report = {"base": specs[0].label, "settings": settings, "variants": rows}
+    if gates:
+        report["gates"] = gates
+        report["gate_failures"] = G.check_gates(report, gates)
+    if out_dir is not None:
+        import json
+
+        from .plot import make_plots
+        from .report import write_reports
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        made = make_plots(report, kls, out) if plots else []
+        report["files"] = write_reports(report, items, out, made)
+        # report.json is written before "files" is known; rewrite so it lists them too.
+        (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report

@@ -1,0 +1,258 @@
+"""AWQ: activation-aware per-channel scaling before quantisation, as a LayerTransform.
+
+For each ScaleGroup of the architecture's map (awq_maps.py) the Linears' weight columns are multiplied by
+s = mean|x|^a (or, 'duo', mean|x|^a / mean|w|^(1-a)), normalised to a geometric mean of 1 over its extremes, and
+the previous operation's output is divided by s (awq_fold.py), so the float model is unchanged while the
+channels that carry large activations get finer quantisation steps. a is picked on a grid in [0, 1] by the
+output error of the measured block (attention, MLP, or a Linear) on calibration inputs when its targeted Linears
+are fake-quantised with their own scheme (RTN from rtn.py). After all groups are folded, each targeted Linear's
+groups are clamped to the range that minimises its output error (awq_clip.py); the later RTN or GPTQ solve then
+sees the clipped range.
+
+Memory and time: mean|x| and the clip Gram matrices use every calibration token, but the alpha search runs the
+block on whole samples up to SEARCH_TOKENS tokens (attention mixes tokens, so samples are kept whole), which
+bounds it to grid x (SEARCH_TOKENS tokens through one block) per group.
+
+FP8-targeted Linears in a group are left unquantised during the search and are not clipped.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import torch
+from torch import nn
+
+from .. import capture
+from ..errors import UserError
+from ..schemes import Scheme
+from .awq_clip import GramAccumulator, apply_clip, group_width, search_clip
+from .awq_fold import fold_scales, prev_width
+from .awq_maps import ArchMap, ScaleGroup, map_for, mapped_architectures
+from .base import LayerTransform
+from .rtn import rtn_quantize
+
+SEARCH_TOKENS = 4096
+CLIP_GRID = 20
+CLIP_MAX_SHRINK = 0.5
+# floor of mean|x| and mean|w| before the power: a dead channel must not get a zero (or infinite) scale
+_FLOOR = 1e-4
+
+
+class _Stop(Exception):
+    pass
+
+
+def _float32(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, tuple):
+        return tuple(_float32(o) for o in obj)
+    if isinstance(obj, list):
+        return [_float32(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _float32(v) for k, v in obj.items()}
+    return obj
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _relative(name: str, block: str) -> str:
+    if name == block:
+        return ""
+    if not name.startswith(block + "."):
+        raise ValueError(f"AWQ map error: {name} is not inside the measured block {block}")
+    return name[len(block) + 1:]
+
+
+def normalised_scales(x_mean: torch.Tensor, w_mean: torch.Tensor | None, alpha: float) -> torch.Tensor:
+    """s per input channel for one alpha: mean|x|^a (/ mean|w|^(1-a) for duo), geometric midpoint 1."""
+    s = x_mean.clamp_min(_FLOOR).pow(alpha)
+    if w_mean is not None:
+        s = s / w_mean.clamp_min(_FLOOR).pow(1 - alpha)
+    s = s.clamp_min(_FLOOR)
+    return s / (s.max() * s.min()).sqrt()
+
+
+def weight_profile(weights: list[torch.Tensor], gs: int) -> torch.Tensor:
+    """mean over output rows of |w| relative to its group's max |w|: the duo form's per-column weight size."""
+    w = torch.cat([x.float() for x in weights], 0)
+    out, n_in = w.shape
+    wg = w.abs().reshape(out, n_in // gs, gs)
+    wg = wg / wg.amax(-1, keepdim=True).clamp_min(1e-12)
+    return wg.reshape(out, n_in).mean(0)
+
+
+def fake_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype) -> torch.Tensor:
+    return rtn_quantize(w, scheme, scale_dtype=scale_dtype).dequantize()
+
+
+class _GroupData:
+    """What one ScaleGroup's search needs, captured in one partial pass over the layer per sample."""
+
+    def __init__(self):
+        self.abs_sum = None
+        self.tokens = 0
+        self.calls: list[tuple[tuple, dict]] = []  # the block's (args, kwargs) for the kept samples
+
+    @property
+    def x_mean(self) -> torch.Tensor:
+        return self.abs_sum / max(self.tokens, 1)
+
+
+def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, inputs, budget: int) -> _GroupData:
+    data = _GroupData()
+    kept_tokens = 0
+    keep = False
+
+    def on_block(_mod, args, kwargs):
+        if keep:
+            data.calls.append((_float32(args), _float32(kwargs)))
+
+    def on_linear(_mod, args):
+        x = args[0].detach()
+        x = x.reshape(-1, x.shape[-1]).float()
+        s = x.abs().sum(0)
+        data.abs_sum = s if data.abs_sum is None else data.abs_sum + s
+        data.tokens += x.shape[0]
+        raise _Stop
+
+    # pre-hooks run in registration order: the block's fires before its first Linear's even when they are one
+    handles = [block.register_forward_pre_hook(on_block, with_kwargs=True),
+               first_linear.register_forward_pre_hook(on_linear)]
+    try:
+        with torch.no_grad():
+            for h, kw in zip(inputs.hidden, inputs.kwargs):
+                tokens = h.numel() // h.shape[-1]
+                keep = not data.calls or kept_tokens + tokens <= budget
+                if keep:
+                    kept_tokens += tokens
+                try:
+                    layer(h, **kw)
+                except _Stop:
+                    pass
+    finally:
+        for hd in handles:
+            hd.remove()
+    return data
+
+
+class AWQTransform(LayerTransform):
+    def __init__(self, model, options: dict):
+        super().__init__(model, options)
+        self.grid = int(options.get("grid", 20))
+        self.duo = bool(options.get("duo", False))
+        self.clip = bool(options.get("clip", True))
+        self.search_tokens = int(options.get("search_tokens", SEARCH_TOKENS))
+        cfg = model.config
+        self.arch: ArchMap | None = map_for(cfg)
+        self.model_type = getattr(cfg, "model_type", type(model).__name__)
+        if self.arch is None:
+            mapped = ", ".join(mapped_architectures())
+            if options.get("fallback", "error") != "rtn":
+                raise UserError(f"AWQ has no scaling map for model type '{self.model_type}' (mapped: {mapped}); "
+                                "use --method rtn or gptq, or --awq-fallback rtn to quantise it without AWQ scaling")
+            warnings.warn(f"AWQ has no scaling map for model type '{self.model_type}' (mapped: {mapped}); "
+                          "its Linears are quantised without AWQ scaling or clipping (--awq-fallback rtn)",
+                          stacklevel=2)
+
+    def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:
+        if self.arch is None:
+            note = f"no AWQ map for '{self.model_type}': quantised without AWQ scaling"
+            return {"stats": {n: {"awq_alpha": None, "awq_note": note} for n, _ in targets.values()}, "tensors": {}}
+        by_rel = {}
+        for name, mod in layer.named_modules():
+            if mod in targets:
+                by_rel[name] = targets[mod]
+        stats: dict[str, dict] = {}
+        for group in self.arch.groups:
+            self._scale(layer, group, inputs, by_rel, stats)
+        if self.clip:
+            self._clip(layer, inputs, by_rel, stats)
+        return {"stats": stats, "tensors": {}}
+
+    # ---------------------------------------------------------------------------------------------------------
+    def _scale(self, layer, group: ScaleGroup, inputs, by_rel: dict, stats: dict) -> None:
+        missing = [n for n in (group.prev, group.block, *group.linears) if not _has(layer, n)]
+        if missing:
+            warnings.warn(f"AWQ map for '{self.model_type}' names {', '.join(missing)}, which this model's layer "
+                          "lacks; that group is left unscaled", stacklevel=2)
+            return
+        linears = {n: layer.get_submodule(n) for n in group.linears}
+        quantised = {n: by_rel[n][1] for n in linears if n in by_rel and not by_rel[n][1].is_fp8}
+        full = {n: by_rel[n][0] for n in linears if n in by_rel}
+        if not quantised:
+            return
+        widths = {m.in_features for m in linears.values()}
+        if len(widths) != 1 or prev_width(layer, group) not in widths:
+            for n in full.values():  # e.g. v_proj -> o_proj under grouped-query attention
+                stats.setdefault(n, {}).update(awq_alpha=None, awq_note=f"not scaled: {group.prev} output width "
+                                               f"!= input width of {', '.join(group.linears)}")
+            return
+        block = layer.get_submodule(group.block)
+        data = _capture_group(layer, block, linears[group.linears[0]], inputs, self.search_tokens)
+        alpha, s, err, base = self._search(block, group, linears, quantised, data)
+        if alpha is not None:
+            fold_scales(layer, group, s, self.arch.norm_offset)
+        for n in full.values():
+            stats.setdefault(n, {}).update(awq_alpha=alpha, awq_block_error=err, rtn_block_error=base)
+
+    @torch.no_grad()
+    def _search(self, block, group: ScaleGroup, linears: dict, quantised: dict, data: _GroupData):
+        work = copy.deepcopy(block).float()
+        copies = {n: work.get_submodule(_relative(n, group.block)) for n in linears}
+        originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
+        refs = [_first(work(*a, **kw)) for a, kw in data.calls]
+        power = sum(float(r.double().pow(2).sum()) for r in refs) or 1.0
+        dtype = next(iter(linears.values())).weight.dtype
+        scale_dtype = dtype if dtype != torch.float32 else torch.float16
+        gs = group_width(next(iter(quantised.values())), next(iter(linears.values())).in_features)
+        w_mean = weight_profile(list(originals.values()), gs) if self.duo else None
+        x_mean = data.x_mean
+
+        def error(s: torch.Tensor) -> float:
+            for n, sch in quantised.items():
+                copies[n].weight.data = fake_quantize(originals[n] * s, sch, scale_dtype) / s
+            total = 0.0
+            for (a, kw), r in zip(data.calls, refs):
+                total += float((_first(work(*a, **kw)).double() - r.double()).pow(2).sum())
+            return total / power
+
+        base = error(torch.ones_like(x_mean))
+        best = (base, None, None)
+        for alpha in torch.linspace(0, 1, self.grid).tolist():
+            s = normalised_scales(x_mean, w_mean, alpha)
+            if not torch.isfinite(s).all():
+                continue
+            e = error(s)
+            if e < best[0] or (best[1] is None and e <= best[0]):  # alpha 0 ties the baseline: record it
+                best = (e, alpha, s)
+        e, alpha, s = best
+        return (None if alpha is None else round(alpha, 4)), s, e, base
+
+    @torch.no_grad()
+    def _clip(self, layer, inputs, by_rel: dict, stats: dict) -> None:
+        todo = {layer.get_submodule(n): (n, *by_rel[n]) for n in by_rel
+                if not by_rel[n][1].is_fp8 and n not in self.arch.no_clip}
+        if not todo:
+            return
+        grams = {m: GramAccumulator(m.in_features, group_width(sch, m.in_features), m.weight.device)
+                 for m, (_, _, sch) in todo.items()}
+        capture.feed_group(layer, list(todo), inputs, lambda m, x: grams[m].add(x))
+        for m, (_, full, sch) in todo.items():
+            w = m.weight.data.float()
+            scale_dtype = m.weight.dtype if m.weight.dtype != torch.float32 else torch.float16
+            ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, scale_dtype)
+            m.weight.data = apply_clip(w, ratio, sch).to(m.weight.dtype)
+            stats.setdefault(full, {}).update(awq_clip_mean=round(float(ratio.mean()), 4),
+                                              awq_clip_min=round(float(ratio.min()), 4))
+
+
+def _has(layer: nn.Module, name: str) -> bool:
+    try:
+        layer.get_submodule(name)
+        return True
+    except AttributeError:
+        return False

@@ -1,0 +1,71 @@
+"""AWQ's per-group clip search, judged by the Linear's own output error on the calibration inputs.
+
+For a group g of columns the output error of a weight change dw over the tokens is sum_t (x_t,g . dw_g)^2 =
+dw_g^T G_g dw_g with G_g = sum_t x_t,g x_t,g^T, the group's block of the Gram matrix. Accumulating G once
+(tokens x in x group_size) makes each candidate ratio cost out x in x group_size, whatever the token count,
+so every calibration token counts. Cross-group terms are left out, as each group's range is chosen on its own.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..schemes import Scheme
+from .rtn import dequantize_groups, qparams, quantize_groups
+
+
+def group_width(scheme: Scheme, in_features: int) -> int:
+    return in_features if scheme.group_size == -1 else scheme.group_size
+
+
+class GramAccumulator:
+    """Block-diagonal X^T X of one Linear's inputs, one [gs, gs] block per group, in float32."""
+
+    def __init__(self, in_features: int, gs: int, device):
+        self.gs = gs
+        self.gram = torch.zeros(in_features // gs, gs, gs, device=device)
+        self.tokens = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        xg = x.reshape(-1, self.gram.shape[0], self.gs).float()
+        self.gram += torch.einsum("ngi,ngj->gij", xg, xg)
+        self.tokens += xg.shape[0]
+
+
+def _bounds(wg: torch.Tensor, scheme: Scheme, ratio: torch.Tensor | float):
+    if scheme.symmetric:
+        hi = wg.abs().amax(-1) * ratio
+        return -hi, hi
+    return wg.amin(-1) * ratio, wg.amax(-1) * ratio
+
+
+@torch.no_grad()
+def search_clip(w: torch.Tensor, gram: torch.Tensor, scheme: Scheme, grid: int = 20, max_shrink: float = 0.5,
+                scale_dtype=torch.float16) -> torch.Tensor:
+    """The ratio [out, groups] of each group's range (1 = unclipped) with the least output error."""
+    out, n_in = w.shape
+    gs = group_width(scheme, n_in)
+    wg = w.float().reshape(out, n_in // gs, gs)
+    best_err = torch.full(wg.shape[:2], float("inf"), device=w.device)
+    best = torch.ones(wg.shape[:2], device=w.device)
+    for i in range(grid):
+        ratio = 1.0 - max_shrink * i / grid
+        lo, hi = _bounds(wg, scheme, ratio)
+        # what RTN will do after apply_clip: clamp to the bounds, then take the clamped group's min/max as range
+        wc = torch.clamp(wg, lo.unsqueeze(-1), hi.unsqueeze(-1))
+        s, z = qparams(lo, hi, scheme, scale_dtype)
+        dw = dequantize_groups(quantize_groups(wc, s, z, scheme), s, z) - wg
+        err = (torch.einsum("ogi,gij->ogj", dw, gram) * dw).sum(-1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best = torch.where(better, torch.full_like(best, ratio), best)
+    return best
+
+
+@torch.no_grad()
+def apply_clip(w: torch.Tensor, ratio: torch.Tensor, scheme: Scheme) -> torch.Tensor:
+    """w with each group clamped to its shrunk range, so that min/max (RTN) or GPTQ's group scales see it."""
+    out, n_in = w.shape
+    gs = group_width(scheme, n_in)
+    wg = w.float().reshape(out, n_in // gs, gs)
+    lo, hi = _bounds(wg, scheme, ratio)
+    return torch.clamp(wg, lo.unsqueeze(-1), hi.unsqueeze(-1)).reshape(out, n_in)

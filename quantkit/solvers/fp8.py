@@ -1,0 +1,70 @@
+"""FP8 (E4M3) weights by absmax scaling: one scale per tensor (`fp8`) or per output channel (`fp8-dynamic`).
+
+E4M3 is a floating-point grid, so the absmax scale loses nothing to the rounding of small values the way an
+integer grid does; there is nothing to search. Schemes with static activations (`fp8`) also get one input
+scale per Linear: the absmax of its calibration inputs, seen through add_batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import e4m3
+from ..errors import UserError
+from ..qweight import QWeight
+from ..schemes import Scheme
+from .base import LinearSolver
+
+
+def fp8_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = torch.float16) -> QWeight:
+    """QWeight with float8_e4m3fn codes; scale [1] (strategy 'tensor') or [out, 1] (per channel)."""
+    w = w.float()
+    if scheme.strategy == "tensor":
+        amax = w.abs().amax().reshape(1)
+    elif scheme.strategy == "channel":
+        amax = w.abs().amax(dim=1, keepdim=True)
+    else:
+        raise ValueError(f"FP8 weights support the 'tensor' and 'channel' strategies, not '{scheme.strategy}'")
+    scale = e4m3.scale_for(amax, dtype=scale_dtype)
+    q = e4m3.quantize(w, scale if scale.numel() == 1 else scale.reshape(-1, 1))
+    qw = QWeight(scheme=scheme, q=q, scale=scale)
+    deq = qw.dequantize()
+    qw.stats["weight_rel_error"] = ((deq - w).norm() / w.norm().clamp_min(1e-12)).item()
+    return qw
+
+
+class FP8Solver(LinearSolver):
+    """Weights as above; with static activations, also the input scale from the calibration inputs.
+
+    The class says it needs data (so the pipeline, which asks the class, collects calibration data for a
+    static scheme); each instance narrows that to its own scheme, so dynamic schemes are not fed tokens.
+    """
+
+    needs_data = True
+
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
+        super().__init__(name, weight, scheme, options)
+        self.needs_data = scheme.activations == "static"
+        self.input_amax = torch.zeros(())
+        self.tokens = 0
+
+    def add_batch(self, x: torch.Tensor) -> None:
+        if not self.needs_data:
+            return
+        x = x.detach().reshape(-1, x.shape[-1])
+        if not torch.isfinite(x).all():
+            raise UserError(f"NaN or Inf in the calibration inputs of {self.name}; load the model in float32 "
+                            "(--dtype float32) or check the source weights")
+        self.input_amax = torch.maximum(self.input_amax, x.abs().amax().float().cpu())
+        self.tokens += x.shape[0]
+
+    def solve(self) -> QWeight:
+        scale_dtype = self.options.get("scale_dtype", torch.float16)
+        qw = fp8_quantize(self.weight, self.scheme, scale_dtype)
+        if self.scheme.activations == "static":
+            if self.tokens == 0:
+                raise UserError(f"{self.name} saw no calibration tokens, so it has no static FP8 input scale; "
+                                "leave it in --ignore or use the fp8-dynamic scheme")
+            qw.input_scale = e4m3.scale_for(self.input_amax.reshape(1), dtype=scale_dtype)
+            qw.stats["input_amax"] = float(self.input_amax)
+            qw.stats["calib_tokens"] = self.tokens
+        return qw

@@ -1,0 +1,129 @@
+"""Per-layer FP8 KV-cache scales (k_scale, v_scale) from the keys and values the attention actually caches.
+
+The layer is run on its calibration inputs with a recording Cache passed in: attention hands `update()` the
+keys after RoPE (and after any k-norm), exactly what an FP8 cache stores, so no per-architecture code is
+needed to reproduce the rotary embedding. Scale = absmax * margin / 448: keys and values at inference can
+exceed what calibration saw (other prompts, longer contexts, attention sinks), and on the E4M3 grid a margin
+is nearly free: relative precision is the same in every binade, so it only moves the smallest values one binade
+closer to the subnormals, while a value beyond the range would be clipped.
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+from torch import nn
+from transformers.cache_utils import Cache, DynamicLayer
+
+from .. import e4m3
+from ..errors import UserError
+from .base import LayerTransform
+
+DEFAULT_MARGIN = 1.5
+
+
+class _AmaxLayer(DynamicLayer):
+    """Keeps nothing but the running absmax of what would have been cached."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.k_amax = torch.zeros(())
+        self.v_amax = torch.zeros(())
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        self.k_amax = torch.maximum(self.k_amax, key_states.detach().abs().amax().float().cpu())
+        self.v_amax = torch.maximum(self.v_amax, value_states.detach().abs().amax().float().cpu())
+        return key_states, value_states
+
+
+class AmaxRecorder(Cache):
+    """A Cache that caches nothing: each forward sees an empty past, so it is a plain prefill."""
+
+    def __init__(self):
+        super().__init__(layer_class_to_replicate=_AmaxLayer)
+
+    def amax(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if layer_idx >= len(self.layers) or not isinstance(self.layers[layer_idx], _AmaxLayer):
+            raise UserError(f"decoder layer {layer_idx} never wrote to its KV cache during calibration, so it "
+                            "has no FP8 KV scale; this architecture is not supported by --kv-cache fp8")
+        layer = self.layers[layer_idx]
+        return layer.k_amax, layer.v_amax
+
+
+def cache_kwarg(module: nn.Module) -> str:
+    """The name a decoder layer (or model) takes its Cache under: `cache` in transformers 5.x, else the old one."""
+    params = inspect.signature(module.forward).parameters
+    for name in ("cache", "past_key_values", "past_key_value"):
+        if name in params:
+            return name
+    raise UserError(f"{type(module).__name__} takes no KV cache argument, so FP8 KV scales cannot be calibrated; "
+                    "drop --kv-cache fp8")
+
+
+def attention_of(layer: nn.Module) -> tuple[str, nn.Module]:
+    """(name within the layer, module) of the layer's self-attention: the module that owns layer_idx."""
+    for name, mod in layer.named_modules():
+        if name and hasattr(mod, "layer_idx") and type(mod).__name__.endswith("Attention"):
+            return name, mod
+    raise UserError(f"cannot find the attention module of {type(layer).__name__}; --kv-cache fp8 supports "
+                    "llama-style decoder layers")
+
+
+def kv_scale_tensors(prefix: str, k_amax: torch.Tensor, v_amax: torch.Tensor, dtype: torch.dtype,
+                     margin: float = DEFAULT_MARGIN) -> dict[str, torch.Tensor]:
+    """Checkpoint tensors {prefix.k_scale, prefix.v_scale}, shape [1] in the model dtype (compressed-tensors'
+    layout for a per-tensor scale)."""
+    return {f"{prefix}.k_scale": e4m3.scale_for(k_amax.reshape(1), margin, dtype).to(dtype),
+            f"{prefix}.v_scale": e4m3.scale_for(v_amax.reshape(1), margin, dtype).to(dtype)}
+
+
+class KVScaleObserver(LayerTransform):
+    """Pipeline transform: records each decoder layer's KV absmax over the calibration inputs.
+
+    It runs before the layer's Linears are solved, i.e. on the float k_proj/v_proj of this layer fed by the
+    already-quantised previous layers; options: {"margin": float}.
+    """
+
+    def __init__(self, model, options: dict):
+        super().__init__(model, options)
+        from ..models.hf import decoder_layers
+
+        self.layers_name, _ = decoder_layers(model)
+        self.margin = float(options.get("margin", DEFAULT_MARGIN))
+        self.dtype = next(model.parameters()).dtype
+
+    def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:
+        attn_name, attn = attention_of(layer)
+        kw_name = cache_kwarg(layer)
+        rec = AmaxRecorder()
+        with torch.no_grad():
+            for h, kw in zip(inputs.hidden, inputs.kwargs):
+                kw = {k: v for k, v in kw.items() if k not in ("cache", "past_key_values", "past_key_value")}
+                layer(h, **kw, **{kw_name: rec, "use_cache": True})
+        k_amax, v_amax = rec.amax(attn.layer_idx)
+        prefix = f"{self.layers_name}.{layer_index}.{attn_name}"
+        tensors = kv_scale_tensors(prefix, k_amax, v_amax, self.dtype, self.margin)
+        return {"stats": {}, "tensors": tensors}
+
+
+def calibrate_kv_scales(model, samples: list[torch.Tensor], margin: float = DEFAULT_MARGIN) -> dict[str, torch.Tensor]:
+    """The same scales for a whole in-memory model (float or quantised) in one pass per sample.
+
+    For benchmarks and runtime use where no layer-by-layer pipeline runs; returns checkpoint-style keys.
+    """
+    from ..models.hf import decoder_layers
+
+    layers_name, layers = decoder_layers(model)
+    rec = AmaxRecorder()
+    kw_name = cache_kwarg(model)
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        for ids in samples:
+            model(input_ids=ids.reshape(1, -1).to(dev), use_cache=True, **{kw_name: rec})
+    dtype = next(model.parameters()).dtype
+    out = {}
+    for i, layer in enumerate(layers):
+        attn_name, attn = attention_of(layer)
+        k, v = rec.amax(attn.layer_idx)
+        out.update(kv_scale_tensors(f"{layers_name}.{i}.{attn_name}", k, v, dtype, margin))
+    return out

@@ -1,0 +1,55 @@
+"""Shared fixtures: tiny random models built in-process, the real embedded model, and an in-process CLI runner."""
+from __future__ import annotations
+
+import os
+import sys
+
+# Triton kernels run on the CPU through the interpreter; it must be chosen before triton is first imported.
+try:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+except ImportError:  # pragma: no cover
+    pass
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from helpers import TINY_ARCHS, make_tiny_model  # noqa: E402,F401
+
+
+@pytest.fixture(scope="session")
+def embedded_dir():
+    from quantkit.models.embedded import embedded_model_dir
+
+    return embedded_model_dir()
+
+
+@pytest.fixture
+def tiny_llama(tmp_path):
+    return make_tiny_model(tmp_path / "tiny-llama", "llama")
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `quantkit ARGS` in-process; returns (exit code, stdout, stderr)."""
+    from quantkit.cli import main
+
+    def run(*args):
+        old = sys.argv
+        sys.argv = ["quantkit", *map(str, args)]
+        code = 0
+        try:
+            main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        finally:
+            sys.argv = old
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

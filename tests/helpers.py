@@ -1,0 +1,51 @@
+"""Tiny random transformers models for tests: a few layers, hidden 64-128, saved as HF folders."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+# model_type -> config kwargs; widths are multiples of 64 so group sizes 32 and 64 divide them
+TINY_ARCHS = {
+    "llama": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2),
+    "mistral": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2),
+    "qwen2": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2),
+    "qwen3": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    "gemma": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=32),
+    "phi3": dict(hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=4,
+                 pad_token_id=0),
+    "opt": dict(hidden_size=128, ffn_dim=256, num_attention_heads=4, word_embed_proj_dim=128),
+}
+
+
+def tiny_config(arch: str, vocab_size: int = 512, layers: int = 2):
+    from transformers import AutoConfig
+
+    kw = dict(TINY_ARCHS[arch])
+    kw.update(vocab_size=vocab_size, num_hidden_layers=layers, max_position_embeddings=256)
+    return AutoConfig.for_model(arch, **kw)
+
+
+def make_tiny_model(folder: Path, arch: str = "llama", dtype=torch.float32, seed: int = 0, vocab_size: int = 512,
+                    layers: int = 2) -> Path:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = tiny_config(arch, vocab_size, layers)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.no_grad():  # default init is tiny; spread weights so quantisation error is visible but sane
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.05)
+    model.save_pretrained(folder)
+    return Path(folder)
+
+
+def tree_hash(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(Path(folder).rglob("*")) if p.is_file()}
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()

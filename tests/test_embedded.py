@@ -1,0 +1,38 @@
+"""The embedded default model end to end: `quantkit demo` does real work with nothing downloaded."""
+import json
+
+import pytest
+import torch
+
+import quantkit
+
+TEXT = ("The river rises in the hills north of the town and runs south through farmland before it reaches the "
+        "sea. In spring the water is high and fast, and the old stone bridge near the market has been closed "
+        "twice in the last ten years because of flooding. Most people in the town remember the year the mill "
+        "was swept away, and the council still argues about whether to build a new wall along the bank.")
+
+
+def _ppl(model, ids):
+    with torch.no_grad():
+        return torch.exp(model(ids, labels=ids).loss).item()
+
+
+@pytest.mark.slow
+def test_demo_quantises_real_model(tmp_path, cli, embedded_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "smollm2-w4"
+    code, stdout, err = cli("demo", "-o", out, "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["layers"] == 30 * 7 and summary["group_size"] == 64
+    tok = AutoTokenizer.from_pretrained(out)  # the tokenizer travels with the checkpoint
+    ids = tok(TEXT, return_tensors="pt").input_ids
+    base = AutoModelForCausalLM.from_pretrained(embedded_dir, dtype=torch.float32)
+    q = quantkit.load(out, dtype=torch.float32)
+    p_base, p_q = _ppl(base, ids), _ppl(q, ids)
+    # W4 g64 RTN on a 135M model costs a few percent of perplexity; a broken layout costs orders of magnitude
+    assert p_base < 40 and p_q < p_base * 1.5, (p_base, p_q)
+    code, stdout, _ = cli("inspect", out, "--json")
+    info = json.loads(stdout)
+    assert info["compression"] > 2.0

@@ -1,0 +1,156 @@
+"""Speculative decoding: greedy output unchanged, identical draft fully accepted, sampled output ~ target."""
+import pytest
+import torch
+
+from quantkit.errors import UserError
+from quantkit.runtime import speculative as spec
+from quantkit.runtime.generate import Sequence, generate
+from quantkit.runtime.sampling import SamplingParams
+from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, accept, check_vocab, self_w4_draft
+from quantkit.runtime.tiny import tiny_llama
+
+
+def _repetitive_prompts(n, vocab, seed=2):
+    # A random chunk repeated with edits: what code editing looks like, so prompt lookup has matches to use.
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        chunk = torch.randint(1, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g)
+        reps = [chunk, torch.randint(1, vocab, (2,), generator=g), chunk, chunk[: len(chunk) // 2]]
+        out.append(torch.cat(reps).tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(vocab_size=256, seed=11)
+
+
+def test_greedy_with_speculation_equals_without_on_50_prompts(model):
+    draft = self_w4_draft(model, group_size=32)
+    prompts = _repetitive_prompts(50, 256)
+    lookup_steps = model_steps = 0
+    for i, prompt in enumerate(prompts):
+        plain = generate(model, prompt, SamplingParams(max_tokens=16)).output_ids()
+        # Alternate the draft source so both are covered without doubling the test's time.
+        drafter = PromptLookupDrafter(3) if i % 2 else ModelDrafter(draft)
+        seq = Sequence(model, prompt, SamplingParams(max_tokens=16), drafter=drafter, num_speculative_tokens=4)
+        while not seq.done:
+            seq.step()
+            if not seq.done:  # both caches rolled back to the context minus the pending last token
+                assert seq.cache.get_seq_length() == seq.ids.shape[0] - 1
+                assert getattr(drafter, "n_cached", 0) <= seq.ids.shape[0]
+        assert seq.output_ids() == plain, i
+        if i % 2:
+            lookup_steps += seq.metrics.spec_steps
+        else:
+            model_steps += seq.metrics.spec_steps
+    # The comparison only means something if drafts were actually checked (and some refused).
+    assert lookup_steps > 20 and model_steps > 20
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_identical_draft_accepts_everything(model, temperature):
+    k = 4
+    # 1 prefill token + 5 full verify steps of k+1: every step drafts the full k.
+    params = SamplingParams(max_tokens=1 + 5 * (k + 1), temperature=temperature, seed=5)
+    seq = generate(model, [4, 8, 15, 16, 23, 42], params, drafter=ModelDrafter(model), num_speculative_tokens=k)
+    m = seq.metrics
+    assert m.acceptance_rate == 1.0 and m.mean_accepted_length == k + 1
+    assert m.target_forwards == 6 and m.output_tokens == 26
+
+
+def _tv(a, b):
+    return 0.5 * (a - b).abs().sum().item()
+
+
+def test_accept_rule_output_follows_target_distribution():
+    g = torch.Generator().manual_seed(0)
+    V = 6
+    p = torch.softmax(torch.randn(2, V, generator=g) * 1.5, -1)  # row 0: draft position, row 1: bonus
+    q = torch.softmax(torch.randn(1, V, generator=g) * 1.5, -1)
+    assert _tv(p[0], q[0]) > 0.2  # the draft must be clearly wrong for the test to mean anything
+    counts, tvs = torch.zeros(V), {}
+    n_total = 0
+    for n in (500, 4500, 35000):
+        drafts = torch.multinomial(q[0], n, replacement=True, generator=g).tolist()
+        for t in drafts:
+            kept, extra = accept(p, q, [t], g, greedy=False)
+            counts[t if kept else extra] += 1
+        n_total += n
+        emp = counts / n_total
+        tvs[n_total] = (_tv(emp, p[0]), _tv(emp, q[0]))
+    sizes = sorted(tvs)
+    # Sampling error of an empirical distribution on V=6 shrinks like sqrt(V/N): ~0.11 at 500, ~0.013 at 40000.
+    assert tvs[sizes[-1]][0] < 0.02
+    assert tvs[sizes[-1]][0] < tvs[sizes[0]][0]
+    assert all(d_q > 0.15 for _, d_q in tvs.values())
+
+
+def test_accept_rule_with_deterministic_draft():
+    # A prompt-lookup draft is a point mass: token t survives with probability p(t), else p without t.
+    g = torch.Generator().manual_seed(1)
+    p = torch.softmax(torch.randn(2, 5, generator=g), -1)
+    counts = torch.zeros(5)
+    for _ in range(20000):
+        kept, extra = accept(p, None, [2], g, greedy=False)
+        counts[2 if kept else extra] += 1
+    # 20000 draws on 5 outcomes: 3 standard errors of TV stay under 0.02.
+    assert _tv(counts / counts.sum(), p[0]) < 0.02
+
+
+def test_sequences_with_speculation_follow_target_distribution():
+    # End to end on a tiny vocabulary: the law of the first two generated tokens, exact by enumeration.
+    V = 8
+    target = tiny_llama(vocab_size=V, hidden=32, layers=1, seed=21, init_std=0.5)
+    draft = tiny_llama(vocab_size=V, hidden=32, layers=1, seed=22, init_std=0.5)
+    prompt = [1, 2, 3]
+    with torch.inference_mode():
+        p1 = target(torch.tensor([prompt])).logits[0, -1].softmax(-1)
+        ext = torch.tensor([prompt + [a] for a in range(V)])
+        p2 = target(ext).logits[:, -1].softmax(-1)
+        d1 = draft(torch.tensor([prompt])).logits[0, -1].softmax(-1)
+        d2 = draft(ext).logits[:, -1].softmax(-1)
+    exact = (p1[:, None] * p2).flatten()
+    draft_law = (d1[:, None] * d2).flatten()
+    assert _tv(exact, draft_law) > 0.2
+    counts = torch.zeros(V * V)
+    n = 1500
+    for s in range(n):
+        params = SamplingParams(max_tokens=3, temperature=1.0, seed=s, ignore_eos=True)
+        seq = generate(target, prompt, params, drafter=ModelDrafter(draft), num_speculative_tokens=2)
+        a, b = seq.output_ids()[:2]
+        counts[a * V + b] += 1
+    emp = counts / n
+    # 64 outcomes, 1500 draws: expected TV of an exact sampler is about 0.5*sqrt(64/(2*pi*1500))*... ~0.08.
+    assert _tv(emp, exact) < 0.12
+    assert _tv(emp, draft_law) > _tv(emp, exact) + 0.1
+
+
+def test_prompt_lookup_proposes_what_followed_the_last_ngram():
+    d = PromptLookupDrafter(3)
+    ids = torch.tensor([5, 6, 7, 8, 9, 1, 2, 6, 7])
+    draft, q = d.propose(ids, 3, SamplingParams(), None)
+    assert draft == [8, 9, 1] and q is None
+    assert d.propose(torch.tensor([1, 2, 3, 4]), 3, SamplingParams(), None)[0] == []
+    with pytest.raises(UserError):
+        PromptLookupDrafter(0)
+
+
+def test_vocabulary_mismatch_is_refused():
+    with pytest.raises(UserError, match="vocabulary"):
+        check_vocab(tiny_llama(vocab_size=256), tiny_llama(vocab_size=300))
+
+
+def test_self_w4_draft_is_a_quantised_copy(model):
+    draft = self_w4_draft(model, group_size=32)
+    w = model.model.layers[0].mlp.down_proj.weight
+    wq = draft.model.layers[0].mlp.down_proj.weight
+    assert not torch.equal(w, wq)
+    # 4-bit symmetric: 15 distinct levels per group of 32 (scale * -8..7), error at most half a step.
+    groups = wq.reshape(wq.shape[0], -1, 32)
+    assert max(len(torch.unique(gr)) for gr in groups.reshape(-1, 32)) <= 16
+    step = w.reshape(w.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 7
+    assert ((groups - w.reshape_as(groups)).abs() <= step / 2 + 1e-6).all()
+    assert torch.equal(draft.lm_head.weight, model.lm_head.weight)
+    assert spec.ModelDrafter(draft).deterministic is False
