@@ -18,11 +18,11 @@ def _ppl(model, ids):
 
 
 @pytest.mark.slow
-def test_demo_quantises_real_model(tmp_path, cli, embedded_dir):
+def test_quantize_without_model_uses_embedded(tmp_path, cli, embedded_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "smollm2-w4"
-    code, stdout, err = cli("demo", "-o", out, "--json")
+    code, stdout, err = cli("quantize", "-o", out, "--json")  # no MODEL: the embedded SmolLM2
     assert code == 0, err
     summary = json.loads(stdout)
     assert summary["layers"] == 30 * 7 and summary["group_size"] == 64
@@ -36,3 +36,16 @@ def test_demo_quantises_real_model(tmp_path, cli, embedded_dir):
     code, stdout, _ = cli("inspect", out, "--json")
     info = json.loads(stdout)
     assert info["compression"] > 2.0
+
+
+def test_demo_runs_the_embedded_recipe(tmp_path, cli, monkeypatch):
+    import quantkit.quantize as qz
+
+    seen = {}
+    monkeypatch.setattr(qz, "quantize_to_checkpoint", lambda recipe, progress=None: seen.setdefault("r", recipe)
+                        and {"output": recipe.output, "layers": 0, "scheme": "w4a16", "method": "rtn",
+                             "group_size": 64, "mean_weight_rel_error": None, "seconds": 0})
+    code, _, err = cli("demo", "-o", tmp_path / "d", "--json")
+    assert code == 0, err
+    r = seen["r"]
+    assert r.model is None and r.quant.scheme == "w4a16" and r.quant.group_size == 64 and r.quant.method == "rtn"
