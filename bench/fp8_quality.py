@@ -89,7 +89,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calib", default=str(ROOT / "calibration" / "texts" / "prose_calib.txt"),
                     help="calibration spec (quantkit.data.load_calibration); real prose by default")
-    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=10, help="10 x 256 tokens is all the default file holds")
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--eval", default=str(HERE / "data" / "eval_prose.txt"))
     ap.add_argument("--eval-seq-len", type=int, default=512)
