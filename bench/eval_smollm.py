@@ -2,8 +2,9 @@
 
 Usage: python bench/eval_smollm.py [--out bench/out/eval_smollm] [--per-task 20] [--windows 8]
 
-Perplexity text: the Python language reference shipped inside CPython (pydoc_data.topics), since hub datasets
-cannot be fetched here; it is held-out for this model in the sense that nothing here calibrates on it.
+Text: the Python language reference shipped inside CPython (pydoc_data.topics), since hub datasets cannot be
+fetched here; GPTQ/AWQ/FP8-KV calibrate on one half of its topics and perplexity is measured on the other.
+Checkpoints already in OUT/checkpoints are reused unless --fresh is given.
 Tasks: calibration/tasks/eval_tasks.jsonl, the first --per-task items of each task label. Variants that fail
 to quantise or load are listed as skipped with the reason; the table is printed and written to OUT/report.md.
 """
@@ -26,11 +27,16 @@ VARIANTS = [  # label, recipe overrides
 ]
 
 
-def _text_file(path: Path) -> Path:
+def _text_files(out: Path) -> tuple[Path, Path]:
+    """Calibration text and perplexity text: disjoint halves of the topics (sorted by name)."""
     import pydoc_data.topics as topics
 
-    path.write_text("\n\n".join(topics.topics[k] for k in sorted(topics.topics)))
-    return path
+    keys = sorted(topics.topics)
+    half = len(keys) // 2
+    calib, held = out / "calib_text.txt", out / "eval_text.txt"
+    calib.write_text("\n\n".join(topics.topics[k] for k in keys[:half]))
+    held.write_text("\n\n".join(topics.topics[k] for k in keys[half:]))
+    return calib, held
 
 
 def _task_subset(per_task: int, path: Path) -> Path:
@@ -55,6 +61,7 @@ def main() -> None:
     ap.add_argument("--calib-samples", type=int, default=32)
     ap.add_argument("--only", default="", help="comma list of variant labels")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--fresh", action="store_true", help="re-quantise even when a checkpoint exists")
     args = ap.parse_args()
 
     from rich.console import Console
@@ -70,25 +77,31 @@ def main() -> None:
     ckpts = out / "checkpoints"
     ckpts.mkdir(parents=True, exist_ok=True)
     base = embedded_model_dir()
+    calib_text, eval_text = _text_files(out)
     made, skipped = [], {}
     only = set(filter(None, args.only.split(",")))
     for label, over in VARIANTS:
         if only and label not in only:
             continue
         t0 = time.time()
+        if not args.fresh and (ckpts / label / "config.json").is_file():
+            made.append(f"{label}={ckpts / label}")
+            print(f"reusing {ckpts / label}")
+            continue
         try:
             r = apply_overrides(Recipe(), {"model": str(base), "output": str(ckpts / label), "overwrite": True,
+                                           "calibration.spec": str(calib_text),
                                            "calibration.num_samples": args.calib_samples,
                                            "calibration.seq_len": args.seq_len, **over})
             quantize_to_checkpoint(r, log=lambda *a: None)
             load(ckpts / label, device=args.device)  # a checkpoint the runtime cannot load is reported, not run
             made.append(f"{label}={ckpts / label}")
-            print(f"quantised {label} in {time.time() - t0:.0f} s")
+            print(f"quantised {label} in {time.time() - t0:.0f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - a bench lists what failed and goes on with the rest
             skipped[label] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
             print(f"skipped {label}: {skipped[label]}")
     t0 = time.time()
-    report = run_eval(f"fp16-base={base}", made, data=str(_text_file(out / "python_reference.txt")),
+    report = run_eval(f"fp16-base={base}", made, data=str(eval_text),
                       tasks=str(_task_subset(args.per_task, out / "tasks.jsonl")), out_dir=out,
                       seq_len=args.seq_len, max_windows=args.windows, max_new_tokens=args.max_new_tokens,
                       device=args.device, log=print)

@@ -52,6 +52,8 @@ METHODS: list[Method] = [
     Method("GPTQ act-order group", "quantkit", {"quant.method": "gptq", "quant.gptq.actorder": "group"},
            schemes=("W4 g64",)),
     Method("llm-compressor GPTQ", "llmcompressor", {"actorder": None}),
+    # llm-compressor's default act-order ("static"), which is our "weight"
+    Method("llm-compressor GPTQ act-order weight", "llmcompressor", {"actorder": "weight"}, schemes=("W4 g64",)),
 ]
 
 
@@ -96,7 +98,8 @@ def run_worker(row: dict, model_path: str, tokens_path: str, out_path: str) -> N
     write_result(out_path, result)
 
 
-def spawn(row: Row, model_path: str, tokens_path: str, workdir: str, ext_python: str | None) -> dict:
+def spawn(row: Row, model_path: str, tokens_path: str, workdir: str, ext_python: str | None,
+          threads: int | None) -> dict:
     out = os.path.join(workdir, f"row{abs(hash(row.label))}.json")
     spec = json.dumps({"scheme": row.scheme, "method": asdict(row.method)})
     if row.method.runner == "llmcompressor":
@@ -107,6 +110,8 @@ def spawn(row: Row, model_path: str, tokens_path: str, workdir: str, ext_python:
     else:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", spec]
     cmd += ["--model", model_path, "--tokens", tokens_path, "--out", out]
+    if threads:
+        cmd += ["--threads", str(threads)]
     t = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -154,12 +159,18 @@ def main(argv=None) -> None:
     ap.add_argument("--only", help="run rows whose 'scheme / method' label contains this")
     ap.add_argument("--llmcompressor-python", default=os.environ.get("QUANTKIT_BENCH_LLMCOMPRESSOR_PYTHON"),
                     help="python of a venv with llmcompressor installed (rows are skipped without it)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per process (1 avoids spin-waiting when other jobs share the cores)")
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.threads:
+        import torch
+
+        torch.set_num_threads(a.threads)
     if a.worker:
         return run_worker(json.loads(a.worker), a.model, a.tokens, a.out)
 
@@ -184,7 +195,7 @@ def main(argv=None) -> None:
         tokens_path = os.path.join(workdir, "tokens.pt")
         torch.save({"calib": list(calib.samples), "eval": list(windows)}, tokens_path)
         for row in rows(a.only):
-            r = spawn(row, model_path, tokens_path, workdir, a.llmcompressor_python)
+            r = spawn(row, model_path, tokens_path, workdir, a.llmcompressor_python, a.threads)
             print(f"{row.label}: {json.dumps(r)}", file=sys.stderr, flush=True)
             results.append((row, r))
     print(table(results, meta))

@@ -81,7 +81,8 @@ class QuantOptions(_Strict):
     symmetric: bool = Field(True, description="Symmetric (no zero point) or asymmetric grid.")
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"],
                               description="Module name globs or 're:<regex>' left in float.")
-    targets: list[TargetOverride] = Field(default_factory=list, description="Per-module scheme overrides, first match wins.")
+    targets: list[TargetOverride] = Field(default_factory=list,
+                                          description="Per-module scheme overrides, first match wins.")
     clip_search: bool = Field(False, description="MSE search of the clipping range per group (RTN, GPTQ).")
     gptq: GPTQOptions = Field(default_factory=GPTQOptions, description="GPTQ knobs (method gptq or awq+gptq).")
     awq: AWQOptions = Field(default_factory=AWQOptions, description="AWQ knobs (method awq or awq+gptq).")

@@ -85,7 +85,8 @@ def describe(err: dict, root: type[BaseModel]) -> tuple[str, str]:
         return _field_path(loc + (key,)), f"unknown gate '{key}'{_suggest(key, choices)} gates: {', '.join(choices)}"
     if kind == "literal_error":
         choices = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
-        return _field_path(loc), f"expected one of {', '.join(choices)}, got {given!r}{_suggest(given, choices)}".rstrip(";")
+        msg = f"expected one of {', '.join(choices)}, got {given!r}{_suggest(given, choices)}"
+        return _field_path(loc), msg.rstrip(";")
     if kind == "missing":
         return _field_path(loc), "required field is missing; add it"
     if kind in ("model_type", "model_attributes_type", "dict_type"):

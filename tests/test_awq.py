@@ -14,7 +14,7 @@ from quantkit.models.hf import decoder_layers
 from quantkit.quantize import quantize_model
 from quantkit.recipe import Recipe
 from quantkit.schemes import Scheme
-from quantkit.solvers.awq import AWQTransform, normalised_scales
+from quantkit.solvers.awq import AWQTransform, normalised_scales, weight_profile
 from quantkit.solvers.awq_clip import GramAccumulator, apply_clip, search_clip
 from quantkit.solvers.awq_fold import fold_scales, prev_width
 from quantkit.solvers.awq_maps import map_for, mapped_architectures
@@ -211,6 +211,18 @@ def test_normalised_scales_follow_the_definition():
         assert abs(float(duo.max() * duo.min()) - 1) < 1e-5
 
 
+def test_duo_weight_profile_is_the_mean_group_relative_magnitude():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(6, 32, generator=g), torch.randn(4, 32, generator=g)
+    got = weight_profile([a, b], 8).double()
+    w = torch.cat([a, b]).double().abs()
+    ref = torch.zeros(32, dtype=torch.float64)
+    for c in range(32):
+        grp = slice(c // 8 * 8, c // 8 * 8 + 8)
+        ref[c] = sum(w[r, c] / w[r, grp].max() for r in range(10)) / 10
+    assert torch.allclose(got, ref, rtol=1e-6)  # float32 division and mean vs float64
+
+
 def test_clip_search_gram_error_equals_direct_output_error():
     """The ratio chosen from X^T X blocks is the one a direct per-group output error over tokens picks."""
     g = torch.Generator().manual_seed(0)
@@ -274,3 +286,23 @@ def test_unmapped_architecture_falls_back_to_rtn_when_asked():
         assert torch.equal(a, b), n  # exactly RTN: nothing scaled, nothing clipped
     name = "gpt_neox.layers.0.attention.query_key_value"
     assert res.stats[name]["awq_alpha"] is None and "no AWQ map" in res.stats[name]["awq_note"]
+
+
+@pytest.mark.parametrize("arch", sorted(ARCH_CONFIGS))
+def test_awq_search_runs_on_every_mapped_architecture(arch):
+    """The search drives each architecture's real attention/MLP modules with the kwargs the layer passed."""
+    model = tiny_model(arch)
+    model.get_input_embeddings().weight.data[:, :2] *= 20
+    calib = [torch.randint(0, 128, (16,), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    r = Recipe.model_validate({"quant": {"method": "awq", "group_size": 32}})
+    res = quantize_model(model, r, calib)
+    arch_map = map_for(model.config)
+    scaled = [f"{p}.{n}" for p in (decoder_layers(model)[0] + ".0", decoder_layers(model)[0] + ".1")
+              for g in arch_map.groups for n in g.linears]
+    for name in scaled:
+        s = res.stats[name]
+        assert s["awq_alpha"] is not None and 0 <= s["awq_alpha"] <= 1, name
+        assert s["awq_block_error"] <= s["rtn_block_error"], name
+    assert any(res.stats[n]["awq_alpha"] > 0 for n in scaled)
+    ids = torch.stack(calib)
+    assert torch.isfinite(model(ids).logits).all()

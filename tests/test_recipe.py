@@ -77,7 +77,8 @@ def test_misspelt_scheme_suggests_closest_scheme(tmp_path):
 
 
 def test_misspelt_scheme_inside_a_target_points_at_its_line(tmp_path):
-    text = "quant:\n  targets:\n    - match: 're:.*mlp.*'\n      scheme: w4a16\n    - match: attn\n      scheme: w8a61\n"
+    text = ("quant:\n  targets:\n    - match: 're:.*mlp.*'\n      scheme: w4a16\n"
+            "    - match: attn\n      scheme: w8a61\n")
     [msg] = _problems(tmp_path, text)
     assert ":6: quant.targets[1].scheme:" in msg and "did you mean 'w8a16'?" in msg
 

@@ -115,7 +115,8 @@ def run(
     model: Optional[str] = typer.Option(None, "--model", help="Override the recipe's model (folder or hub id)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Override the recipe's output folder."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output folder."),
-    set_: Optional[list[str]] = typer.Option(None, "--set", help="Override any field: --set quant.group_size=64 (repeatable)."),
+    set_: Optional[list[str]] = typer.Option(
+        None, "--set", help="Override any field: --set quant.group_size=64 (repeatable)."),
     skip_eval: bool = typer.Option(False, "--skip-eval", help="Quantise only, even if the recipe has eval."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),

@@ -6,22 +6,19 @@ by a RowReader that knows which field holds the text.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import UserError
-
-Row = "str | list[dict] | None"  # None (or empty) rows are skipped by every consumer
 
 
 @dataclass
 class Corpus:
-    rows: Sequence  # of Row
+    rows: Sequence  # each a str, a chat (list of {role, content}) or None; None and "" are skipped
     source: dict  # the resolved source, recorded in the calibration metadata
     # continuous: the rows are consecutive pieces of one running text (a .txt file, WikiText), so they are
     # joined in order with `separator`; otherwise each row is an independent document.
     continuous: bool = False
     separator: str = "\n\n"
-    meta: dict = field(default_factory=dict)
 
 
 class LazyRows(Sequence):
@@ -44,7 +41,7 @@ def _is_chat(value) -> bool:
 
 
 class RowReader:
-    """Turns a record (dict) into a Row, given which field (or template) holds the text."""
+    """Turns a record (dict) into a row (text or chat), given which field (or template) holds the text."""
 
     def __init__(self, columns: Sequence[str], where: str, text_field: str | None = "text",
                  messages_field: str | None = None, text_template: str | None = None):

@@ -44,7 +44,8 @@ def eos_ids(model, tokenizer=None) -> set[int]:
 
 class Sequence:
     def __init__(self, model, prompt_ids: list[int], params: SamplingParams, *, drafter=None,
-                 num_speculative_tokens: int = 4, tokenizer=None, eos: set[int] | None = None):
+                 num_speculative_tokens: int = 4, tokenizer=None, eos: set[int] | None = None,
+                 kv_cache: str = "auto"):
         if not prompt_ids:
             raise UserError("the prompt is empty; give at least one token of text")
         limit = context_limit(model)
@@ -56,7 +57,7 @@ class Sequence:
         self.max_tokens = min(params.max_tokens, limit - len(prompt_ids))
         self.ids = torch.tensor(prompt_ids, dtype=torch.long)
         self.n_prompt = len(prompt_ids)
-        self.cache = new_cache(model)
+        self.cache = new_cache(model, kv_cache)
         self.drafter = drafter
         self.k = num_speculative_tokens
         self.gen = None if params.greedy else params.make_generator()
@@ -143,10 +144,10 @@ class Sequence:
 
 @torch.inference_mode()
 def generate(model, prompt_ids: list[int], params: SamplingParams, *, drafter=None, num_speculative_tokens: int = 4,
-             tokenizer=None, eos: set[int] | None = None, speculate: bool = True) -> Sequence:
+             tokenizer=None, eos: set[int] | None = None, speculate: bool = True, kv_cache: str = "auto") -> Sequence:
     """Decode one prompt to completion; returns the finished Sequence (ids, text, tokens, metrics)."""
     seq = Sequence(model, prompt_ids, params, drafter=drafter, num_speculative_tokens=num_speculative_tokens,
-                   tokenizer=tokenizer, eos=eos)
+                   tokenizer=tokenizer, eos=eos, kv_cache=kv_cache)
     while not seq.done:
         seq.step(speculate=speculate)
     return seq

@@ -7,7 +7,12 @@ import torch
 from transformers import DynamicCache
 
 
-def new_cache(model) -> DynamicCache:
+def new_cache(model, kind: str = "auto"):
+    """A fresh cache: "auto" keeps the model dtype; "fp8" stores e4m3 codes with the checkpoint's KV scales."""
+    if kind == "fp8":
+        from .fp8_kv_cache import FP8KVCache
+
+        return FP8KVCache.from_model(model)
     return DynamicCache(config=model.config)
 
 

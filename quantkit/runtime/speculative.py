@@ -143,7 +143,9 @@ def self_w4_draft(model, group_size: int = 128):
             if not isinstance(mod, torch.nn.Linear) or mod is head:
                 continue
             n_in = mod.weight.shape[1]
-            scheme = get_scheme("w4a16").with_options(group_size=group_size if n_in % group_size == 0 else -1)
+            # The largest of group_size, /2, /4 dividing the width (SmolLM2's 576 takes 64), as quantize does.
+            gs = next((g for g in (group_size, group_size // 2, group_size // 4) if g and n_in % g == 0), -1)
+            scheme = get_scheme("w4a16").with_options(group_size=gs)
             w = rtn_quantize(mod.weight.data, scheme).dequantize()
             mod.weight.data = w.to(mod.weight.dtype)
     return draft

@@ -1,6 +1,8 @@
 """Tiny random llama models for tests and demos: seconds to build, deterministic for a given seed."""
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 
@@ -17,3 +19,15 @@ def tiny_llama(vocab_size: int = 256, hidden: int = 64, layers: int = 2, seed: i
     model.generation_config.eos_token_id = eos_token_id
     model.generation_config.pad_token_id = 0
     return model
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Tiny models are all per-op overhead: extra intra-op threads only add synchronisation (20x slower on a
+    busy 2-core machine, measured), so tests that run them many times use one thread."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)

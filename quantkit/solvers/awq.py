@@ -10,8 +10,11 @@ groups are clamped to the range that minimises its output error (awq_clip.py); t
 sees the clipped range.
 
 Memory and time: mean|x| and the clip Gram matrices use every calibration token, but the alpha search runs the
-block on whole samples up to SEARCH_TOKENS tokens (attention mixes tokens, so samples are kept whole), which
-bounds it to grid x (SEARCH_TOKENS tokens through one block) per group.
+block on whole samples up to SEARCH_TOKENS tokens (attention mixes tokens, so samples are kept whole; at least
+one sample is always kept), which bounds it to (grid + 1) x (SEARCH_TOKENS tokens through one block) per group
+and keeps only those samples' block inputs in memory. 2048 tokens: the search is most of AWQ's cost on a CPU
+(about 40 GFLOP per alpha per layer of SmolLM2-135M at 4096 tokens); bench/awq_quality.py --search-tokens
+measures what a larger budget buys.
 
 FP8-targeted Linears in a group are left unquantised during the search and are not clipped.
 """
@@ -32,7 +35,7 @@ from .awq_maps import ArchMap, ScaleGroup, map_for, mapped_architectures
 from .base import LayerTransform
 from .rtn import rtn_quantize
 
-SEARCH_TOKENS = 4096
+SEARCH_TOKENS = 2048
 CLIP_GRID = 20
 CLIP_MAX_SHRINK = 0.5
 # floor of mean|x| and mean|w| before the power: a dead channel must not get a zero (or infinite) scale

@@ -68,3 +68,14 @@ class FP8Solver(LinearSolver):
             qw.stats["input_amax"] = float(self.input_amax)
             qw.stats["calib_tokens"] = self.tokens
         return qw
+
+
+class FP8DynamicSolver(FP8Solver):
+    """FP8Solver for schemes without static activations: the class itself says no data is needed, so the
+    pipeline (which asks the class) does not load calibration data for fp8-dynamic alone."""
+
+    needs_data = False
+
+
+def solver_class(scheme: Scheme) -> type[FP8Solver]:
+    return FP8Solver if scheme.activations == "static" else FP8DynamicSolver

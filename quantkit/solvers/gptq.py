@@ -78,6 +78,17 @@ def _relative_output_error(w: torch.Tensor, deq: torch.Tensor, H: torch.Tensor) 
     return float(num / den)
 
 
+def _output_error_from_updates(err_sq, damp_abs: float, w, deq, dead, H) -> float:
+    """_relative_output_error without the second O(out·in²) matmul: GPTQ's scaled errors e_j = (w_j - q_j) / U_jj
+    add up to Σ‖e_j‖² = tr(D H_d Dᵀ) for the damped H_d = H + λI (OBQ's loss), so tr(D H Dᵀ) = Σ‖e‖² - λ‖D‖².
+    Dead columns drop out: their rows of H are zero, and GPTQ zeroed them before D was measured."""
+    d = w - deq
+    d[:, dead] = 0
+    num = max(float(err_sq) - damp_abs * float(d.double().pow(2).sum()), 0.0)
+    den = float(((w @ H) * w).sum().clamp_min(1e-30))
+    return num / den
+
+
 def _group_params(wg: torch.Tensor, scheme: Scheme, scale_dtype, clip_search: bool, importance: torch.Tensor):
     """scale [out, groups] and zero (float, or None) for wg's groups, on exactly RTN's grid."""
     qw = rtn_quantize(wg, scheme, clip_search=clip_search, importance=importance.clamp_min(0),
@@ -171,43 +182,54 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
     sub_scheme = replace(scheme, group_size=-1)
     pdiag = H.diagonal()
 
-    codes = torch.zeros(out, n, device=W.device)
-    Q = torch.zeros(out, n, device=W.device)
+    # Columns are kept as rows ([n, out]) so that every per-column read and rank-1 update touches contiguous
+    # memory; on a CPU that halves the time of the loop below.
+    Wt = W.t().contiguous()
+    del W
+    scale_t = scale.t().contiguous()
+    zero_t = None if zero is None else zero.t().contiguous()
+    codes_t = torch.empty(n, out, device=Wt.device)
+    deq_t = torch.empty(n, out, device=Wt.device)
+    err_sq = torch.zeros((), dtype=torch.float64, device=Wt.device)
     for i1 in range(0, n, block_size):
         i2 = min(i1 + block_size, n)
-        W1 = W[:, i1:i2].clone()
-        E1 = torch.zeros(out, i2 - i1, device=W.device)
+        W1 = Wt[i1:i2]  # a view: the block is updated in place
+        E1 = torch.empty(i2 - i1, out, device=Wt.device)
         U1 = U[i1:i2, i1:i2]
         for i in range(i2 - i1):
             g = gid_list[i1 + i]
             if not fixed[g]:
                 cols = members[g]
-                cur = _current_columns(W, W1, E1, U, i1, i2, i, cols)
-                s, z = _group_params(cur, sub_scheme, scale_dtype, clip_search, pdiag[cols])
-                scale[:, g] = s[:, 0]
-                if zero is not None:
-                    zero[:, g] = z[:, 0]
+                cur = _current_rows(Wt, E1, U, i1, i2, i, cols)
+                s, z = _group_params(cur.t(), sub_scheme, scale_dtype, clip_search, pdiag[cols])
+                scale_t[g] = s[:, 0]
+                if zero_t is not None:
+                    zero_t[g] = z[:, 0]
                 fixed[g] = True
-            s = scale[:, g]
-            z = None if zero is None else zero[:, g]
-            col = W1[:, i:i + 1]
-            qc = quantize_groups(col, s, z, scheme)
+            s = scale_t[g]
+            z = None if zero_t is None else zero_t[g]
+            row = W1[i]
+            qc = quantize_groups(row.unsqueeze(1), s, z, scheme)
             dq = dequantize_groups(qc, s, z)[:, 0]
-            codes[:, i1 + i] = qc[:, 0]
-            Q[:, i1 + i] = dq
-            err = (W1[:, i] - dq) / U1[i, i]
-            W1[:, i:] -= err.unsqueeze(1) * U1[i, i:].unsqueeze(0)
-            E1[:, i] = err
-        W[:, i2:] -= E1 @ U[i1:i2, i2:]
+            codes_t[i1 + i] = qc[:, 0]
+            deq_t[i1 + i] = dq
+            err = (row - dq).div_(U1[i, i])
+            E1[i] = err
+            W1[i:].addr_(U1[i, i:], err, alpha=-1)
+        err_sq += E1.double().pow(2).sum()
+        if i2 < n:
+            Wt[i2:].addmm_(U[i1:i2, i2:].t(), E1, alpha=-1)
 
-    codes = codes[:, inv]
-    deq = Q[:, inv]
+    codes = codes_t[inv].t()
+    deq = deq_t[inv].t()
+    scale = scale_t.t().contiguous()
+    zero = None if zero_t is None else zero_t.t()
     g_idx = None
     if actorder == "group" and groups > 1:
         g_idx = (inv // gs).to(torch.int32)
     stats = {
         "damp": used,
-        "output_rel_error": _relative_output_error(w0, deq, H0),
+        "output_rel_error": _output_error_from_updates(err_sq, used * float(pdiag.mean()), w0, deq, dead, H0),
         "weight_rel_error": float((deq - w0).norm() / w0.norm().clamp_min(1e-12)),
         "dead_channels": n_dead,
         "actorder": actorder,
@@ -218,16 +240,13 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
                    zero=None if zero is None else zero.to(torch.int8), g_idx=g_idx, stats=stats)
 
 
-def _current_columns(W, W1, E1, U, i1: int, i2: int, i: int, cols: torch.Tensor) -> torch.Tensor:
-    """The weights of processing positions cols (all >= i1 + i) as the column-by-column algorithm has them now:
-    inside the block W1 is up to date; past it, the block's pending lazy update so far is applied on the fly."""
-    inside = cols < i2
-    cur = torch.empty(W.shape[0], cols.numel(), device=W.device)
-    if bool(inside.any()):
-        cur[:, inside] = W1[:, cols[inside] - i1]
-    if not bool(inside.all()):
-        later = cols[~inside]
-        cur[:, ~inside] = W[:, later] - E1[:, :i] @ U[i1:i1 + i][:, later]
+def _current_rows(Wt, E1, U, i1: int, i2: int, i: int, cols: torch.Tensor) -> torch.Tensor:
+    """The weights of processing positions cols (all >= i1 + i, as rows) as the column-by-column algorithm has them
+    now: inside the block Wt is up to date; past it, the block's pending lazy update so far is applied here."""
+    cur = Wt[cols]
+    later = cols >= i2
+    if i and bool(later.any()):
+        cur[later] -= U[i1:i1 + i][:, cols[later]].t() @ E1[:i]
     return cur
 
 

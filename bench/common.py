@@ -1,0 +1,49 @@
+"""Shared bench helpers: prompt sets, model loading, timing."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS = Path(__file__).parent / "prompts"
+SETS = ("code_edit", "summarise_quotes", "open_prose")
+
+
+def prompt_ids(tok, name: str, limit: int | None = None) -> list[list[int]]:
+    rows = [json.loads(line) for line in (PROMPTS / f"{name}.jsonl").read_text().splitlines() if line.strip()]
+    out = []
+    for r in rows[:limit]:
+        text = r["instruction"] + ("\n\n" + r["input"] if r["input"] else "")
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=True)["input_ids"]
+        out.append(list(ids))
+    return out
+
+
+def copy_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
+    """Bytes moved per second by a large tensor copy (read + write counted), best of reps."""
+    src = torch.randn(nbytes // 4)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
+
+
+def weight_bytes_per_token(model) -> int:
+    """Bytes of weights a decode step reads: every parameter and buffer once; a tied embedding is read once
+    (as lm_head), and the embedding lookup itself only touches one row."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        if t.data_ptr() in seen or not t.is_floating_point() and t.dtype not in (torch.int32, torch.int8, torch.uint8):
+            continue
+        seen.add(t.data_ptr())
+        total += t.numel() * t.element_size()
+    emb = model.get_input_embeddings().weight
+    if emb.data_ptr() != model.get_output_embeddings().weight.data_ptr():
+        total -= emb.numel() * emb.element_size()
+    return total

@@ -1,0 +1,96 @@
+"""Speculative decoding on the three prompt sets: tokens/s and tokens per target forward.
+
+Usage: python bench/speculative.py [--w4 CHECKPOINT] [--tokens 64] [--prompts 2] [-k 4]
+Rows: no speculation; prompt lookup; self-w4 draft (the target's own W4 RTN weights, fake-quantised in memory:
+no second small model with this tokenizer exists here, so this is the draft model row); the W4 checkpoint as
+draft when --w4 is given; transformers' generate plain, with prompt_lookup_num_tokens and with
+assistant_model (the same self-w4 copy) as the reference. Greedy, so every row produces the same text.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from common import SETS, prompt_ids  # noqa: E402
+from quantkit.runtime import build  # noqa: E402
+from quantkit.runtime.generate import eos_ids, generate  # noqa: E402
+from quantkit.runtime.sampling import SamplingParams  # noqa: E402
+from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, self_w4_draft  # noqa: E402
+
+
+def run_ours(model, prompts, n, k, make_drafter, eos):
+    toks = fwd = 0
+    t = time.perf_counter()
+    outs = []
+    for ids in prompts:
+        seq = generate(model, ids, SamplingParams(max_tokens=n), drafter=make_drafter() if make_drafter else None,
+                       num_speculative_tokens=k, eos=eos)
+        toks += seq.metrics.output_tokens
+        fwd += seq.metrics.target_forwards
+        outs.append(seq.output_ids())
+    return toks / (time.perf_counter() - t), toks / fwd, outs
+
+
+def run_hf(model, prompts, n, **kw):
+    toks = 0
+    t = time.perf_counter()
+    outs = []
+    for ids in prompts:
+        out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
+        new = out[0, len(ids):].tolist()
+        toks += len(new)
+        outs.append(new)
+    return toks / (time.perf_counter() - t), None, outs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--w4", help="W4 checkpoint folder to use as a real (packed) draft model")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("-k", type=int, default=4)
+    ap.add_argument("--ngram", type=int, default=3)
+    a = ap.parse_args()
+    tok = build.load_tokenizer("embedded")
+    model = build.load_model("embedded", torch.float32)
+    eos = eos_ids(model, tok)
+    draft = self_w4_draft(model)
+    w4 = build.load_model(a.w4, torch.float32) if a.w4 else None
+    k = a.k
+    print(f"torch threads: {torch.get_num_threads()}, {a.prompts} prompts per set, up to {a.tokens} tokens, "
+          f"greedy, k={k}, prompt-lookup n-gram {a.ngram}; tok/s includes the prefill")
+    print("| prompt set | method | tok/s | speed-up vs ours plain | tokens per target forward | same text |")
+    print("|---|---|---|---|---|---|")
+    with torch.inference_mode():
+        run_ours(model, prompt_ids(tok, "open_prose", 1), 4, k, None, eos)  # warm-up
+        for name in SETS:
+            prompts = prompt_ids(tok, name, a.prompts)
+            rows = [("quantkit, no speculation", run_ours(model, prompts, a.tokens, k, None, eos)),
+                    (f"quantkit, prompt lookup", run_ours(model, prompts, a.tokens, k,
+                                                          lambda: PromptLookupDrafter(a.ngram), eos)),
+                    ("quantkit, self-w4 draft (fake-quant copy)",
+                     run_ours(model, prompts, a.tokens, k, lambda: ModelDrafter(draft), eos))]
+            if w4 is not None:
+                rows.append(("quantkit, W4 checkpoint draft",
+                             run_ours(model, prompts, a.tokens, k, lambda: ModelDrafter(w4), eos)))
+            rows += [("transformers generate", run_hf(model, prompts, a.tokens)),
+                     ("transformers prompt_lookup_num_tokens", run_hf(model, prompts, a.tokens,
+                                                                      prompt_lookup_num_tokens=k)),
+                     ("transformers assistant_model (self-w4)", run_hf(model, prompts, a.tokens,
+                                                                       assistant_model=draft))]
+            base_speed, _, base_out = rows[0][1]
+            for method, (speed, tpf, outs) in rows:
+                tpf_s = f"{tpf:.2f}" if tpf is not None else "-"
+                print(f"| {name} | {method} | {speed:.1f} | {speed / base_speed:.2f}x | {tpf_s} | "
+                      f"{'yes' if outs == base_out else 'no'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

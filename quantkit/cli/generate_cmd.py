@@ -1,0 +1,66 @@
+"""`quantkit generate`: one prompt through the runtime's decode loop, printing the completion and metrics."""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from . import app
+from .common import console, emit_json
+
+
+@app.command("generate")
+def generate_cmd(
+    path: str = typer.Argument(..., help="quantkit checkpoint or Hugging Face model folder ('embedded' for SmolLM2-135M)"),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="text to continue (or the user message with --chat)"),
+    chat: bool = typer.Option(False, "--chat", help="wrap the prompt in the model's chat template"),
+    max_tokens: int = typer.Option(64, "--max-tokens", help="most tokens to generate"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 is greedy"),
+    top_k: int = typer.Option(0, "--top-k", help="keep the k most likely tokens (0: off)"),
+    top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1: off)"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed"),
+    stop: list[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
+    draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, or 'self-w4' (the target's own W4 RTN quantisation)"),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by n-gram prompt lookup with this n"),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
+    as_json: bool = typer.Option(False, "--json", help="print completion, tokens and metrics as JSON"),
+) -> None:
+    """Generate a completion and print it with the decode metrics.
+
+    Example: quantkit generate ./smollm2-w4 --prompt "def add(a, b):" --prompt-lookup 3 --max-tokens 64 --json
+    """
+    import torch
+
+    from ..runtime import build
+    from ..runtime.generate import generate
+    from ..runtime.sampling import SamplingParams
+
+    if num_speculative_tokens < 1:
+        from ..errors import UserError
+
+        raise UserError(f"--num-speculative-tokens must be at least 1, got {num_speculative_tokens}")
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                            stop=list(stop)).validate()
+    dt = build.parse_dtype(dtype)
+    model = build.load_model(path, dt)
+    tok = build.load_tokenizer(path)
+    make_drafter = build.drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt)
+    if chat:
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    else:
+        ids = tok(prompt)["input_ids"]
+    with torch.inference_mode():
+        seq = generate(model, ids, params, drafter=make_drafter() if make_drafter else None,
+                       num_speculative_tokens=num_speculative_tokens, tokenizer=tok)
+    metrics = seq.metrics.to_dict()
+    if as_json:
+        emit_json({"completion": seq.text(), "finish_reason": seq.finish_reason, "metrics": metrics,
+                   "tokens": [{"id": t.id, "text": t.text, "logprob": t.logprob, "drafted": t.drafted}
+                              for t in seq.tokens]})
+        return
+    typer.echo(seq.text())
+    shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in metrics.items() if v is not None}
+    console.print("  ".join(f"{k}={v}" for k, v in shown.items()), style="dim")

@@ -1,0 +1,72 @@
+"""From command-line choices to objects: the target model, its tokenizer, and a drafter factory."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..errors import UserError
+from .speculative import ModelDrafter, PromptLookupDrafter, check_vocab, self_w4_draft
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "auto": None}
+
+
+def parse_dtype(name: str | None):
+    if name is None:
+        return None
+    if name not in DTYPES:
+        raise UserError(f"unknown dtype '{name}'; choose one of: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def resolve_path(path: str) -> str:
+    if path in ("embedded", "smollm2"):
+        from ..models.embedded import embedded_model_dir
+
+        return str(embedded_model_dir())
+    if not Path(path).is_dir():
+        raise UserError(f"{path} is not a model folder; give a quantkit checkpoint or Hugging Face model folder "
+                        "(or 'embedded' for the built-in SmolLM2-135M)")
+    return path
+
+
+def load_model(path: str, dtype=None):
+    """The lead's checkpoint loader when present (it also reads quantised checkpoints), else transformers."""
+    path = resolve_path(path)
+    try:
+        from .loader import load
+    except ImportError:
+        load = None
+    if load is not None:
+        model = load(path, device="cpu", dtype=dtype)
+    else:
+        from transformers import AutoModelForCausalLM
+
+        # CPU matmuls in float16 are slow and inexact; float32 is the sensible default here.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    return model.eval()
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_path(path))
+
+
+def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_lookup: int | None = None,
+                    dtype=None) -> Callable[[], object] | None:
+    """A function making one drafter per sequence (a model drafter holds that sequence's draft KV cache)."""
+    if draft and prompt_lookup:
+        raise UserError("choose one draft source: --draft or --prompt-lookup, not both")
+    if prompt_lookup:
+        PromptLookupDrafter(prompt_lookup)  # validates the n-gram size now rather than on the first request
+        return lambda: PromptLookupDrafter(prompt_lookup)
+    if not draft:
+        return None
+    if draft == "self-w4":
+        draft_model = self_w4_draft(target)
+    else:
+        draft_model = load_model(draft, dtype)
+        check_vocab(target, draft_model, tokenizer, load_tokenizer(draft))
+    return lambda: ModelDrafter(draft_model)

@@ -1,0 +1,145 @@
+"""The browser playground served at `/`, and the compare feature (`quantkit serve QUANT --compare BASE`).
+
+The page (static/index.html, app.js, style.css: no build step, nothing fetched from elsewhere) talks only to
+the server's own OpenAI-compatible endpoints, reading the per-token details each streamed chunk carries
+(`quantkit_tokens`: text, logprob, drafted). `mount` adds:
+
+- `GET /` and `/playground/*`: the page and its files;
+- `GET /v1/playground`: what the page needs to know (model names, speculation on or off, limits);
+- with a compare model: its own OpenAI endpoints under `/compare/v1/...` (a second app over a second engine,
+  so the two answers stream side by side), and `POST /v1/playground/kl`: per-token KL(P_base || P_served)
+  along one answer, from one teacher-forced forward of each model over prompt + answer.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..errors import UserError
+from .generate import context_limit
+from .protocol import APIError, Message
+
+STATIC = Path(__file__).parent / "static"
+
+
+@dataclass
+class CompareModel:
+    """The base model the served one is compared with: its own engine, and the name clients send for it."""
+
+    engine: object  # runtime.engine.Engine
+    name: str
+
+
+class KLBody(BaseModel):
+    # The prompt in the same shape the completion or chat request had, so it is tokenised the same way.
+    model_config = ConfigDict(strict=True, extra="ignore")
+    prompt: str | None = None
+    messages: list[Message] | None = None
+    completion_ids: list[int] = Field(min_length=1)
+
+
+def check_same_vocab(model, base, tokenizer, base_tokenizer) -> None:
+    """Token-by-token comparison needs token ids that mean the same thing in both models."""
+    mv = model.get_output_embeddings().weight.shape[0]
+    bv = base.get_output_embeddings().weight.shape[0]
+    if mv != bv or tokenizer.get_vocab() != base_tokenizer.get_vocab():
+        raise UserError(f"--compare needs the same tokenizer for both models (vocabularies of {mv} and {bv} "
+                        "tokens differ); compare a checkpoint with the model it was quantised from")
+
+
+def prompt_ids(tokenizer, prompt: str | None, messages: list[Message] | None) -> list[int]:
+    """Token ids of a completion prompt or chat messages, as server.py's endpoints build them."""
+    if (prompt is None) == (messages is None):
+        raise APIError("give exactly one of 'prompt' or 'messages'", param="prompt", code="invalid_value")
+    if prompt is not None:
+        return list(tokenizer(prompt)["input_ids"])
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise APIError("this model has no chat template; use 'prompt'", code="no_chat_template")
+    msgs = [{"role": m.role, "content": m.content if isinstance(m.content, str) else
+             "".join(p.get("text", "") for p in (m.content or []) if isinstance(p, dict))} for m in messages]
+    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+@torch.inference_mode()
+def _answer_logprobs(model, ids: list[int], n_prompt: int) -> torch.Tensor:
+    """[n_answer, V] float32 log-probabilities the model gives each answer position, teacher-forced."""
+    logits = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+    # Row j predicts token j+1, so answer token i (at n_prompt+i) is predicted by row n_prompt+i-1.
+    return logits[n_prompt - 1: len(ids) - 1].float().log_softmax(-1)
+
+
+def teacher_forced_kl(model, base, ids: list[int], n_prompt: int) -> dict:
+    """Per answer token: KL(P_base || P_model) of the next-token distributions (nats, the convention of
+    quantkit.evaluate.agreement), and each model's logprob of the token that was produced."""
+    lp_m = _answer_logprobs(model, ids, n_prompt)
+    lp_b = _answer_logprobs(base, ids, n_prompt)
+    kl = (lp_b.exp() * (lp_b - lp_m)).sum(-1).clamp_min(0.0)  # rounding can leave -1e-7 on equal rows
+    answer = torch.tensor(ids[n_prompt:]).unsqueeze(-1)
+    return {"kl": kl.tolist(), "model_logprob": lp_m.gather(-1, answer).squeeze(-1).tolist(),
+            "base_logprob": lp_b.gather(-1, answer).squeeze(-1).tolist()}
+
+
+def mount(app: FastAPI, engine, model_name: str, *, compare: CompareModel | None = None,
+          max_tokens_limit: int | None = None, default_max_tokens: int = 256) -> FastAPI:
+    """Add the playground (and, with `compare`, the base model's endpoints and the KL endpoint) to `app`,
+    an app made by server.create_app over `engine`."""
+    tok = engine.tokenizer
+    ctx = context_limit(engine.model)
+    if compare is not None:
+        from .server import create_app
+
+        check_same_vocab(engine.model, compare.engine.model, tok, compare.engine.tokenizer)
+        ctx = min(ctx, context_limit(compare.engine.model))
+        app.mount("/compare", create_app(compare.engine, compare.name, max_tokens_limit=max_tokens_limit,
+                                         default_max_tokens=default_max_tokens))
+
+    @app.get("/", include_in_schema=False)
+    async def index():
+        # no-cache: after an upgrade the browser must not pair a stale page with a new server.
+        return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/playground", StaticFiles(directory=STATIC), name="playground")
+
+    @app.get("/v1/playground")
+    async def playground_config():
+        return {"model": model_name, "compare": compare.name if compare else None,
+                "chat": getattr(tok, "chat_template", None) is not None,
+                "speculative": engine.drafter_factory is not None,
+                "num_speculative_tokens": engine.k if engine.drafter_factory is not None else 0,
+                "max_tokens_limit": min(max_tokens_limit or ctx, ctx), "default_max_tokens": default_max_tokens}
+
+    @app.post("/v1/playground/kl")
+    async def playground_kl(request: Request):
+        if compare is None:
+            raise APIError("no compare model: start the server with --compare BASE", status=404,
+                           code="no_compare_model")
+        try:
+            body = KLBody.model_validate(json.loads(await request.body()))
+        except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as e:
+            raise APIError(f"bad KL request: {str(e).splitlines()[0]}", code="invalid_value") from None
+        ids = prompt_ids(tok, body.prompt, body.messages)
+        answer = body.completion_ids
+        if not ids:
+            raise APIError("the prompt is empty", param="prompt", code="invalid_value")
+        if any(not 0 <= t < len(tok) for t in answer):
+            raise APIError("completion_ids must be token ids of the vocabulary", param="completion_ids",
+                           code="invalid_value")
+        if len(ids) + len(answer) > ctx:
+            raise APIError(f"prompt and answer have {len(ids) + len(answer)} tokens, more than the context {ctx}",
+                           param="completion_ids", code="context_length_exceeded")
+        # A forward takes a while: run it off the event loop so streams keep flowing meanwhile.
+        out = await run_in_threadpool(teacher_forced_kl, engine.model, compare.engine.model, ids + answer, len(ids))
+        return {"model": model_name, "base": compare.name, **out}
+
+    return app

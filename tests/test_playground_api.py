@@ -1,0 +1,198 @@
+"""The playground's HTTP side: page and assets, its config, the compare model's endpoints, and the KL endpoint
+checked against a float64 reference. The browser side is in test_playground_browser.py."""
+import copy
+import re
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from transformers import AutoTokenizer
+
+from quantkit.errors import UserError
+from quantkit.models.embedded import embedded_model_dir
+from quantkit.runtime.engine import Engine
+from quantkit.runtime.generate import generate
+from quantkit.runtime.playground import STATIC, CompareModel, mount
+from quantkit.runtime.sampling import SamplingParams
+from quantkit.runtime.server import create_app
+from quantkit.runtime.speculative import PromptLookupDrafter
+from quantkit.runtime.tiny import single_thread, tiny_llama
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    def __init__(self, app, engines):
+        self.engines = engines
+        self.port = _free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        for e in self.engines:
+            e.close()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(embedded_model_dir())
+
+
+@pytest.fixture(scope="module")
+def models(tok):
+    # init_std 0.2 makes the random models' next-token distributions peaked and different from each other,
+    # so the KLs are far from zero (a near-uniform pair would give KLs too small to test anything).
+    served = tiny_llama(vocab_size=len(tok), hidden=64, seed=11, init_std=0.2, max_positions=256)
+    base = tiny_llama(vocab_size=len(tok), hidden=64, seed=12, init_std=0.2, max_positions=256)
+    return served, base
+
+
+@pytest.fixture(scope="module")
+def server(models, tok):
+    served, base = models
+    with single_thread():
+        main = Engine(served, tok, drafter_factory=lambda: PromptLookupDrafter(2))
+        other = Engine(base, tok)
+        app = create_app(main, "served", max_tokens_limit=64)
+        mount(app, main, "served", compare=CompareModel(other, "base"), max_tokens_limit=64)
+        s = _Server(app, [main, other])
+        yield s
+        s.stop()
+
+
+def test_page_and_assets_are_served_and_self_contained(server):
+    r = httpx.get(server.url + "/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert '<script src="/playground/app.js">' in r.text and "/playground/style.css" in r.text
+    for name, kind in (("app.js", "javascript"), ("style.css", "text/css")):
+        a = httpx.get(f"{server.url}/playground/{name}")
+        assert a.status_code == 200 and kind in a.headers["content-type"]
+        assert a.text == (STATIC / name).read_text()
+    # Works offline: no file refers to another host (CDN, web font, analytics).
+    for f in STATIC.iterdir():
+        assert not re.search(r"(https?:)?//[a-z0-9.-]+\.[a-z]{2,}", f.read_text(), re.I), f.name
+    assert httpx.get(server.url + "/playground/missing.js").status_code == 404
+
+
+def test_config_names_both_models(server):
+    cfg = httpx.get(server.url + "/v1/playground").json()
+    assert cfg == {"model": "served", "compare": "base", "chat": True, "speculative": True,
+                   "num_speculative_tokens": 4, "max_tokens_limit": 64, "default_max_tokens": 256}
+
+
+def test_compare_endpoints_serve_the_base_model(server, models, tok):
+    assert [m["id"] for m in httpx.get(server.url + "/compare/v1/models").json()["data"]] == ["base"]
+    prompt = "The capital of France is"
+    want = {}
+    for name, model, prefix in (("served", models[0], ""), ("base", models[1], "/compare")):
+        r = httpx.post(f"{server.url}{prefix}/v1/completions", timeout=60,
+                       json={"model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0})
+        assert r.status_code == 200, r.text
+        with single_thread():
+            want[name] = generate(model, tok(prompt)["input_ids"], SamplingParams(max_tokens=8), tokenizer=tok).text()
+        assert r.json()["choices"][0]["text"] == want[name]
+    assert want["served"] != want["base"]  # two different models really answered
+    # Each app only knows its own model.
+    r = httpx.post(server.url + "/compare/v1/completions", json={"model": "served", "prompt": "x", "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+
+
+def _reference_kl(served, base, ids, n_prompt):
+    """Float64 KL(P_base || P_served) and logprobs per answer token, from float64 copies of both models."""
+    out = []
+    for m in (served, base):
+        m64 = copy.deepcopy(m).double()
+        with torch.no_grad():
+            logits = m64(input_ids=torch.tensor([ids])).logits[0, n_prompt - 1:len(ids) - 1]
+        out.append(logits.log_softmax(-1))
+    lp_s, lp_b = out
+    kl = (lp_b.exp() * (lp_b - lp_s)).sum(-1)
+    tok_ids = torch.tensor(ids[n_prompt:]).unsqueeze(-1)
+    return kl, lp_s.gather(-1, tok_ids).squeeze(-1), lp_b.gather(-1, tok_ids).squeeze(-1)
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_kl_matches_float64_reference(server, models, tok, chat):
+    g = torch.Generator().manual_seed(7)
+    answer = torch.randint(0, len(tok), (12,), generator=g).tolist()
+    if chat:
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
+        body = {"messages": msgs}
+        prompt = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    else:
+        body = {"prompt": "Once upon a time there was"}
+        prompt = tok(body["prompt"])["input_ids"]
+    r = httpx.post(server.url + "/v1/playground/kl", json={**body, "completion_ids": answer}, timeout=60)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["model"] == "served" and got["base"] == "base" and len(got["kl"]) == len(answer)
+    kl, lp_s, lp_b = _reference_kl(*models, list(prompt) + answer, len(prompt))
+    assert kl.min() > 0.05  # different models: the comparison below is not between zeros
+    # The server works in float32: over 2 small layers the logits carry ~1e-6 relative error, and the KL sum
+    # over 49k terms adds ~1e-6 more; 1e-4 relative (+1e-5 absolute) is far above that and far below the KLs.
+    torch.testing.assert_close(torch.tensor(got["kl"], dtype=torch.float64), kl, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(got["model_logprob"], dtype=torch.float64), lp_s, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.tensor(got["base_logprob"], dtype=torch.float64), lp_b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"prompt": "hi", "completion_ids": [1, 2]}, None),  # control: valid
+    ({"prompt": "hi", "messages": [{"role": "user", "content": "hi"}], "completion_ids": [1]}, "prompt"),
+    ({"completion_ids": [1]}, "prompt"),
+    ({"prompt": "hi", "completion_ids": []}, None),
+    ({"prompt": "hi", "completion_ids": [10 ** 6]}, "completion_ids"),
+    ({"prompt": "hi", "completion_ids": ["a"]}, None),
+    ({"prompt": "hi", "completion_ids": [1] * 300}, "completion_ids"),
+])
+def test_kl_bad_requests(server, body, param):
+    r = httpx.post(server.url + "/v1/playground/kl", json=body, timeout=60)
+    if body == {"prompt": "hi", "completion_ids": [1, 2]}:
+        assert r.status_code == 200
+        return
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["message"] and (param is None or err["param"] == param)
+
+
+def test_without_compare_there_is_no_kl_and_no_compare_app(models, tok):
+    with single_thread():
+        engine = Engine(models[0], tok)
+        app = create_app(engine, "solo")
+        mount(app, engine, "solo")
+        s = _Server(app, [engine])
+    try:
+        assert httpx.get(s.url + "/v1/playground").json()["compare"] is None
+        r = httpx.post(s.url + "/v1/playground/kl", json={"prompt": "hi", "completion_ids": [1]})
+        assert r.status_code == 404 and r.json()["error"]["code"] == "no_compare_model"
+        assert httpx.get(s.url + "/compare/v1/models").status_code == 404
+        assert httpx.get(s.url + "/").status_code == 200
+    finally:
+        s.stop()
+
+
+def test_compare_needs_the_same_vocabulary(models, tok):
+    other = tiny_llama(vocab_size=512, hidden=64, seed=1)
+    engine, base = Engine(models[0], tok), Engine(other, tok)
+    try:
+        app = create_app(engine, "a")
+        with pytest.raises(UserError, match="same tokenizer"):
+            mount(app, engine, "a", compare=CompareModel(base, "b"))
+    finally:
+        engine.close()
+        base.close()
