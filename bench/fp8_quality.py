@@ -94,7 +94,7 @@ def main(argv=None) -> None:
     ap.add_argument("--eval", default=str(HERE / "data" / "eval_prose.txt"))
     ap.add_argument("--eval-seq-len", type=int, default=512)
     ap.add_argument("--max-windows", type=int, default=8)
-    ap.add_argument("--only", help="rows whose label contains this (case-insensitive)")
+    ap.add_argument("--only", help="rows whose label contains this (case-insensitive); '|' separates several")
     a = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
@@ -106,7 +106,8 @@ def main(argv=None) -> None:
     tok = AutoTokenizer.from_pretrained(model_path)
     calib = load_calibration(spec=a.calib, tokenizer=tok, num_samples=a.samples, seq_len=a.seq_len, seed=0).samples
     windows = list(load_eval_windows(a.eval, tok, seq_len=a.eval_seq_len, max_windows=a.max_windows))
-    labels = [lb for lb in ROWS if not a.only or a.only.lower() in lb.lower()]
+    wanted = [w.strip().lower() for w in a.only.split("|")] if a.only else []
+    labels = [lb for lb in ROWS if not wanted or any(w == lb.lower() or w in lb.lower() for w in wanted)]
     results = {}
     with tempfile.TemporaryDirectory(prefix="quantkit-fp8-bench-") as workdir:
         for label in labels:

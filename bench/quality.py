@@ -68,7 +68,8 @@ class Row:
 
 
 def rows(only: str | None) -> list[Row]:
-    out = [Row(s, m) for m in METHODS for s in m.schemes]
+    order = ["-", *SCHEMES]
+    out = [Row(s, m) for s in order for m in METHODS if s in m.schemes]
     return [r for r in out if not only or only.lower() in r.label.lower()]
 
 
@@ -87,9 +88,10 @@ def run_worker(row: dict, model_path: str, tokens_path: str, out_path: str) -> N
         from quantkit.recipe import Recipe, apply_overrides
 
         recipe = apply_overrides(Recipe(), {**SCHEMES[row["scheme"]], **method.options})
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         res = quantize_model(model, recipe, data["calib"])
         result["quant_seconds"] = time.perf_counter() - t
+        result["quant_cpu_seconds"] = time.process_time() - c
         result["peak_rss_mb"] = peak_rss_mb()
         errs = [s["output_rel_error"] for s in res.stats.values() if s.get("output_rel_error") is not None]
         result["mean_output_rel_error"] = sum(errs) / len(errs) if errs else None
@@ -132,17 +134,20 @@ def fmt(v, spec: str) -> str:
 
 def table(results: list[tuple[Row, dict]], meta: dict) -> str:
     base = next((r["ppl"] for row, r in results if row.method.runner == "float" and "ppl" in r), None)
-    lines = ["| scheme | method | perplexity | vs float | quantise wall s | peak RSS MiB | mean layer out err |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    # CPU seconds of the quantising process next to wall seconds: on a shared machine wall time depends on the
+    # neighbours, CPU time (with --threads 1) much less
+    lines = ["| scheme | method | perplexity | vs float | quantise wall s | quantise CPU s | peak RSS MiB | "
+             "mean layer out err |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for row, r in results:
         if "ppl" not in r:
-            lines.append(f"| {row.scheme} | {row.method.label} | {r.get('error') or r.get('skipped')} | | | | |")
+            lines.append(f"| {row.scheme} | {row.method.label} | {r.get('error') or r.get('skipped')} | | | | | |")
             continue
         delta = None if base is None else (r["ppl"] / base - 1) * 100
-        lines.append(f"| {row.scheme} | {row.method.label} | {r['ppl']:.3f} | "
-                     f"{'-' if delta is None or row.method.runner == 'float' else f'{delta:+.1f}%'} | "
-                     f"{fmt(r.get('quant_seconds'), '.1f')} | {fmt(r.get('peak_rss_mb', r.get('load_rss_mb')), '.0f')} | "
-                     f"{fmt(r.get('mean_output_rel_error'), '.4f')} |")
+        vs = "-" if delta is None or row.method.runner == "float" else f"{delta:+.1f}%"
+        cells = [row.scheme, row.method.label, f"{r['ppl']:.3f}", vs, fmt(r.get("quant_seconds"), ".1f"),
+                 fmt(r.get("quant_cpu_seconds"), ".1f"), fmt(r.get("peak_rss_mb", r.get("load_rss_mb")), ".0f"),
+                 fmt(r.get("mean_output_rel_error"), ".4f")]
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"calibration: {meta['calib']}; evaluation: {meta['eval']}")
     return "\n".join(lines)

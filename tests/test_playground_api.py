@@ -196,3 +196,58 @@ def test_compare_needs_the_same_vocabulary(models, tok):
     finally:
         engine.close()
         base.close()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, tok):
+    """Two tiny models saved with the real tokenizer (the served one and its base), and one with another vocab."""
+    out = {}
+    for name, vocab, seed in (("quant", len(tok), 21), ("base", len(tok), 22), ("other", 300, 23)):
+        path = tmp_path_factory.mktemp(name)
+        tiny_llama(vocab_size=vocab, seed=seed, max_positions=256).save_pretrained(path)
+        tok.save_pretrained(path)
+        out[name] = path
+    return out
+
+
+def test_cli_serve_compare_serves_the_playground_and_both_models(folders):
+    import subprocess
+    import sys
+
+    port = _free_port()
+    # Importing serve_cmd registers the command even where cli._register does not list it yet.
+    code = "import quantkit.cli.serve_cmd; from quantkit.cli import main; main()"
+    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(folders["quant"]), "--compare", str(folders["base"]),
+                             "--prompt-lookup", "2", "--port", str(port), "--model-name", "q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.time() < deadline, "quantkit serve did not come up"
+            time.sleep(0.3)
+        assert "<title>quantkit playground</title>" in httpx.get(url + "/").text
+        cfg = httpx.get(url + "/v1/playground").json()
+        assert cfg["model"] == "q" and cfg["compare"] == folders["base"].name and cfg["speculative"]
+        assert [m["id"] for m in httpx.get(url + "/compare/v1/models").json()["data"]] == [folders["base"].name]
+        r = httpx.post(url + "/v1/playground/kl", json={"prompt": "hello", "completion_ids": [5, 6, 7]}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["kl"]) == 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_cli_serve_refuses_a_base_with_another_vocabulary(folders):
+    from typer.testing import CliRunner
+
+    import quantkit.cli.serve_cmd  # noqa: F401  (registers the command)
+    from quantkit.cli import app
+
+    r = CliRunner().invoke(app, ["serve", str(folders["quant"]), "--compare", str(folders["other"])])
+    assert isinstance(r.exception, UserError) and "same tokenizer" in str(r.exception)

@@ -24,6 +24,7 @@ def serve_cmd(
     max_tokens_limit: Optional[int] = typer.Option(None, "--max-tokens-limit", help="largest max_tokens a request may ask (default: the context)"),
     kv_cache: str = typer.Option("auto", "--kv-cache", help="KV cache dtype: auto (model dtype) or fp8"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
+    compare: Optional[str] = typer.Option(None, "--compare", help="base model to compare with side by side in the playground at / (same tokenizer)"),
     as_json: bool = typer.Option(False, "--json", help="print the resolved settings as JSON before serving"),
 ) -> None:
     """Serve a model over OpenAI-compatible HTTP (/v1/completions, /v1/chat/completions, /metrics).
@@ -38,6 +39,7 @@ def serve_cmd(
     from ..errors import UserError
     from ..runtime import build
     from ..runtime.engine import Engine
+    from ..runtime.playground import load_compare, mount
     from ..runtime.server import create_app
 
     if kv_cache not in ("auto", "fp8"):
@@ -58,14 +60,25 @@ def serve_cmd(
     engine = Engine(model, tok, drafter_factory=make_drafter, num_speculative_tokens=num_speculative_tokens,
                     max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch,
                     kv_cache=kv_cache)
+    try:
+        base = load_compare(compare, engine, dtype=dt, prompt_lookup=prompt_lookup, max_active=max_batch,
+                            max_queue=max_queue, spec_max_batch=spec_max_batch) if compare else None
+    except BaseException:
+        engine.close()
+        raise
     settings = {"model": name, "host": host, "port": port, "draft": draft, "prompt_lookup": prompt_lookup,
-                "num_speculative_tokens": num_speculative_tokens, "max_batch": max_batch, "max_queue": max_queue}
+                "num_speculative_tokens": num_speculative_tokens, "max_batch": max_batch, "max_queue": max_queue,
+                "compare": base.name if base else None}
     if as_json:
         emit_json(settings)
     else:
-        console.print(f"serving '{name}' on http://{host}:{port}/v1 (Ctrl-C to stop)")
+        console.print(f"serving '{name}' on http://{host}:{port}/v1, playground at http://{host}:{port}/ "
+                      "(Ctrl-C to stop)")
+    app = create_app(engine, name, max_tokens_limit=max_tokens_limit)
+    mount(app, engine, name, compare=base, max_tokens_limit=max_tokens_limit)
     try:
-        uvicorn.run(create_app(engine, name, max_tokens_limit=max_tokens_limit), host=host, port=port,
-                    log_level="warning")
+        uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         engine.close()
+        if base:
+            base.engine.close()

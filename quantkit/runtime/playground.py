@@ -90,6 +90,22 @@ def teacher_forced_kl(model, base, ids: list[int], n_prompt: int) -> dict:
             "base_logprob": lp_b.gather(-1, answer).squeeze(-1).tolist()}
 
 
+def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prompt_lookup: int | None = None,
+                 **engine_kw) -> CompareModel:
+    """`--compare BASE`: load the base model next to the served one, checked to share its tokenizer, with its
+    own engine. It drafts by prompt lookup when the served model does (no second draft model is loaded)."""
+    from . import build
+    from .engine import Engine
+    from .speculative import PromptLookupDrafter
+
+    base = build.load_model(path, dtype)
+    base_tok = build.load_tokenizer(path)
+    check_same_vocab(engine.model, base, engine.tokenizer, base_tok)
+    drafter = (lambda: PromptLookupDrafter(prompt_lookup)) if prompt_lookup else None
+    base_engine = Engine(base, base_tok, drafter_factory=drafter, num_speculative_tokens=engine.k, **engine_kw)
+    return CompareModel(base_engine, name or Path(build.resolve_path(path)).name)
+
+
 def mount(app: FastAPI, engine, model_name: str, *, compare: CompareModel | None = None,
           max_tokens_limit: int | None = None, default_max_tokens: int = 256) -> FastAPI:
     """Add the playground (and, with `compare`, the base model's endpoints and the KL endpoint) to `app`,

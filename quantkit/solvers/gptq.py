@@ -79,7 +79,7 @@ def _relative_output_error(w: torch.Tensor, deq: torch.Tensor, H: torch.Tensor) 
 
 
 def _output_error_from_updates(err_sq, damp_abs: float, w, deq, dead, H) -> float:
-    """_relative_output_error without the second O(out·in²) matmul: GPTQ's scaled errors e_j = (w_j - q_j) / U_jj
+    """_relative_output_error without its second O(out·in²) matmul: the scaled errors e_j = (w_j - q_j) / U_jj
     add up to Σ‖e_j‖² = tr(D H_d Dᵀ) for the damped H_d = H + λI (OBQ's loss), so tr(D H Dᵀ) = Σ‖e‖² - λ‖D‖².
     Dead columns drop out: their rows of H are zero, and GPTQ zeroed them before D was measured."""
     d = w - deq

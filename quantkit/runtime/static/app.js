@@ -269,10 +269,10 @@
       max = Math.max(max, kl);
       if (!s) return;
       s.dataset.kl = kl.toPrecision(3);
-      // Underline strength grows with log KL so that both 0.01 and 5 nats are visible.
-      s.style.setProperty("--kl", Math.min(1, Math.log1p(kl * 100) / Math.log1p(500)).toFixed(3));
+      // Underline strength grows with log KL: invisible below 0.05 nats, full from 5 nats (1 nat = 0.65).
+      s.style.setProperty("--kl", Math.min(1, Math.max(0, Math.log10(kl / 0.05) / 2)).toFixed(3));
       s.classList.add("klv");
-      if (kl > 0.5) s.classList.add("kl-hot");
+      if (kl > 1) s.classList.add("kl-hot");
       s.title = (s.title ? s.title + " · " : "") + `KL ${kl.toPrecision(3)} nats` +
         ` · logprob served ${out.model_logprob[i].toFixed(3)}, base ${out.base_logprob[i].toFixed(3)}`;
     });
