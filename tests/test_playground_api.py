@@ -1,6 +1,7 @@
 """The playground's HTTP side: page and assets, its config, the compare model's endpoints, and the KL endpoint
 checked against a float64 reference. The browser side is in test_playground_browser.py."""
 import copy
+import json
 import re
 import socket
 import threading
@@ -246,8 +247,24 @@ def test_cli_serve_compare_serves_the_playground_and_both_models(folders):
 def test_cli_serve_refuses_a_base_with_another_vocabulary(folders):
     from typer.testing import CliRunner
 
-    import quantkit.cli.serve_cmd  # noqa: F401  (registers the command)
+    # Registering two commands keeps typer in sub-command mode even where cli._register lists neither yet.
+    import quantkit.cli.generate_cmd  # noqa: F401
+    import quantkit.cli.serve_cmd  # noqa: F401
     from quantkit.cli import app
 
     r = CliRunner().invoke(app, ["serve", str(folders["quant"]), "--compare", str(folders["other"])])
     assert isinstance(r.exception, UserError) and "same tokenizer" in str(r.exception)
+
+
+def test_stream_chunks_carry_running_speculation_totals(server):
+    body = {"model": "served", "prompt": "red green blue red green blue red green", "max_tokens": 40,
+            "temperature": 0, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
+        chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+        rid = r.headers["x-request-id"]
+    totals = [c["quantkit_metrics"] for c in chunks if "quantkit_tokens" in c]
+    assert totals and all(set(t) == {"drafted", "accepted", "spec_steps"} for t in totals)
+    for key in ("drafted", "accepted", "spec_steps"):
+        assert all(a[key] <= b[key] for a, b in zip(totals, totals[1:]))  # running totals never go back
+    final = httpx.get(f"{server.url}/v1/details/{rid}").json()["metrics"]
+    assert totals[-1] == {k: final[k] for k in ("drafted", "accepted", "spec_steps")} and final["drafted"] > 0

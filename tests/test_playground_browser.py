@@ -237,7 +237,10 @@ def test_stop_button_ends_the_stream_and_frees_the_server(browser, server, model
         page.check("#mode-completion")
         _send(page, PROMPT, max_tokens=LIMIT, wait=False)
         page.wait_for_selector('[data-col="main"] .tok', timeout=30000)
-        assert page.is_enabled("#stop")
+        # The acceptance counter is live: it shows a rate while the answer is still streaming.
+        page.wait_for_function("document.querySelector('[data-col=main] [data-k=accept]').textContent.endsWith('%')",
+                               timeout=30000)
+        assert page.get_attribute("#status", "data-state") == "running" and page.is_enabled("#stop")
         page.click("#stop")
         page.wait_for_selector('#status[data-state="stopped"]', timeout=10000)
         n = len(_tokens(page, "main"))

@@ -143,6 +143,10 @@ def create_app(engine: Engine, model_name: str, *, max_tokens_limit: int | None 
             if toks:
                 out["quantkit_tokens"] = [{"id": t.id, "text": t.text, "logprob": t.logprob, "drafted": t.drafted}
                                           for t in toks]
+                # Running totals, so a client (the playground) can show the acceptance rate while it streams;
+                # read while the worker may be a step ahead, so exact figures come from /v1/details/{id}.
+                m = seq.metrics
+                out["quantkit_metrics"] = {"drafted": m.drafted, "accepted": m.accepted, "spec_steps": m.spec_steps}
             return f"data: {json.dumps(out)}\n\n"
 
         async def sse():
