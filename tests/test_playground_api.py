@@ -218,9 +218,10 @@ def test_cli_serve_compare_serves_the_playground_and_both_models(folders):
     port = _free_port()
     # Importing serve_cmd registers the command even where cli._register does not list it yet.
     code = "import quantkit.cli.serve_cmd; from quantkit.cli import main; main()"
-    proc = subprocess.Popen([sys.executable, "-c", code, "serve", str(folders["quant"]), "--compare", str(folders["base"]),
-                             "--prompt-lookup", "2", "--port", str(port), "--model-name", "q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = ["serve", str(folders["quant"]), "--compare", str(folders["base"]), "--prompt-lookup", "2",
+            "--port", str(port), "--model-name", "q"]
+    proc = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -257,7 +258,7 @@ def test_cli_serve_refuses_a_base_with_another_vocabulary(folders):
 
 
 def test_stream_chunks_carry_running_speculation_totals(server):
-    body = {"model": "served", "prompt": "red green blue red green blue red green", "max_tokens": 40,
+    body = {"model": "served", "prompt": "a b c a b c a b", "max_tokens": 64,
             "temperature": 0, "stream": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as r:
         chunks = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]

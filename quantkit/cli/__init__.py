@@ -20,7 +20,7 @@ app = typer.Typer(
 
 def _register() -> None:
     # Imported for their @app.command side effect; kept in one place so the command list is visible.
-    from . import estimate_cmd, eval_cmd, inspect_cmd, quantize_cmd, recipe_cmd  # noqa: F401
+    from . import estimate_cmd, eval_cmd, generate_cmd, inspect_cmd, quantize_cmd, recipe_cmd, serve_cmd  # noqa: F401
 
 
 def _quiet_libraries() -> None:
