@@ -18,7 +18,9 @@ def prompt_ids(tok, name: str, limit: int | None = None) -> list[list[int]]:
         text = r["instruction"] + ("\n\n" + r["input"] if r["input"] else "")
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                       tokenize=True, return_dict=True)["input_ids"]
-        out.append(list(ids))
+        # A started answer (e.g. the code fence and first line) keeps a 135M model on task.
+        prefix = tok(r.get("response_prefix", ""), add_special_tokens=False)["input_ids"]
+        out.append(list(ids) + list(prefix))
     return out
 
 

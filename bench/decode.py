@@ -50,7 +50,10 @@ def main():
     ap.add_argument("--w4", help="W4 checkpoint folder (quantkit quantize ... --scheme w4a16)")
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     tok = build.load_tokenizer("embedded")
     prompts = prompt_ids(tok, "open_prose", a.prompts)
     bw = copy_bandwidth()

@@ -57,7 +57,10 @@ def main():
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("-k", type=int, default=4)
     ap.add_argument("--ngram", type=int, default=3)
+    ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     a = ap.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     tok = build.load_tokenizer("embedded")
     model = build.load_model("embedded", torch.float32)
     eos = eos_ids(model, tok)

@@ -99,6 +99,13 @@ def transforms_for(model, recipe: Recipe) -> list[LayerTransform]:
     return out
 
 
+def needs_calibration(recipe: Recipe, plan: dict[str, Scheme]) -> bool:
+    """Whether the run needs calibration activations: a layer transform, or a solver that reads inputs."""
+    q = recipe.quant
+    return q.method in ("awq", "awq+gptq") or q.kv_cache is not None or any(
+        solver_for(q.method, s).needs_data for s in plan.values())
+
+
 def solver_options(recipe: Recipe, dtype: torch.dtype) -> dict:
     q = recipe.quant
     g = q.gptq
@@ -145,7 +152,7 @@ def quantize_model(model: nn.Module, recipe: Recipe, calib_samples: list[torch.T
     modules = dict(model.named_modules())
     opts = solver_options(recipe, dtype)
     transforms = transforms_for(model, recipe)
-    needs_data = bool(transforms) or any(solver_for(recipe.quant.method, s).needs_data for s in plan.values())
+    needs_data = needs_calibration(recipe, plan)
     if needs_data and not calib_samples:
         raise UserError(f"method '{recipe.quant.method}' needs calibration data; pass --calib SPEC")
     result = QuantizeResult({})
@@ -247,10 +254,8 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print) -> dict:
     model, tok, src = load_float_model(recipe.model, recipe.dtype, recipe.device)
     plan = plan_targets(model, recipe)
     source_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    needs_data = bool(transforms_for(model, recipe)) or any(
-        solver_for(recipe.quant.method, s).needs_data for s in plan.values())
     calib, calib_meta = None, None
-    if needs_data:
+    if needs_calibration(recipe, plan):
         from .data import load_calibration
 
         c = recipe.calibration
