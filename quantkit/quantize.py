@@ -143,8 +143,12 @@ class _Progress:
 
 
 def quantize_model(model: nn.Module, recipe: Recipe, calib_samples: list[torch.Tensor] | None = None,
-                   progress=None, device: str | None = None) -> QuantizeResult:
-    """Quantise model in place (its targeted Linear weights become their dequantised values) and return the codes."""
+                   progress=None, device: str | None = None, weights=None) -> QuantizeResult:
+    """Quantise model in place (its targeted Linear weights become their dequantised values) and return the codes.
+
+    weights: a models.lazy.LazyWeights when the decoder layers are still on the meta device; each layer is then
+    read just before it is processed and its quantised Linears' float weights are dropped right after.
+    """
     t0 = time.time()
     device = device or recipe.device
     dtype = next(model.parameters()).dtype
@@ -175,14 +179,17 @@ def quantize_model(model: nn.Module, recipe: Recipe, calib_samples: list[torch.T
     layers_name, layers = decoder_layers(model)
     in_layers = {n for n in plan if n.startswith(layers_name + ".")}
     prog = _Progress(progress, len(layers), len(calib_samples or []) if needs_data else 0)
+    stream = _Stream(weights, plan, layers_name)
     if not needs_data:
         for i, layer in enumerate(layers):
-            for n in [n for n in plan if n.startswith(f"{layers_name}.{i}.")]:
+            stream.load(i)
+            for n in stream.targets(i):
                 solve(n, make(n))
+            stream.release(i)
             prog.layer(f"layer {i + 1}/{len(layers)}")
     else:
         _sequential(model, layers, layers_name, plan, modules, calib_samples, transforms, make, solve, result,
-                    prog, device)
+                    prog, device, stream)
     for n in plan:  # Linears outside the decoder layers (e.g. an un-ignored lm_head): no activations kept
         if n not in in_layers:
             from .solvers.rtn import RTNSolver
@@ -197,7 +204,28 @@ def quantize_model(model: nn.Module, recipe: Recipe, calib_samples: list[torch.T
     return result
 
 
-def _sequential(model, layers, layers_name, plan, modules, samples, transforms, make, solve, result, prog, device):
+class _Stream:
+    """The per-layer load/release calls of lazy loading; does nothing for a fully loaded model."""
+
+    def __init__(self, weights, plan: dict[str, Scheme], layers_name: str):
+        self.weights = weights
+        self.plan = plan
+        self.layers_name = layers_name
+
+    def targets(self, i: int) -> list[str]:
+        return [n for n in self.plan if n.startswith(f"{self.layers_name}.{i}.")]
+
+    def load(self, i: int) -> None:
+        if self.weights is not None:
+            self.weights.load_layer(i)
+
+    def release(self, i: int) -> None:
+        if self.weights is not None:
+            self.weights.release(self.targets(i))
+
+
+def _sequential(model, layers, layers_name, plan, modules, samples, transforms, make, solve, result, prog, device,
+                stream):
     names_of = {m: n for n, m in modules.items()}
     on_device = device != "cpu"
     if on_device:  # everything outside the decoder layers (embeddings, rotary) lives on the device
@@ -208,6 +236,7 @@ def _sequential(model, layers, layers_name, plan, modules, samples, transforms, 
     inputs = capture.first_layer_inputs(model, layers, samples, device)
     for i, layer in enumerate(layers):
         where = f"{layers_name}.{i}"
+        stream.load(i)
         if on_device:
             layer.to(device)
         capture.check_finite(inputs.hidden, f"the input of {where}")
@@ -229,11 +258,34 @@ def _sequential(model, layers, layers_name, plan, modules, samples, transforms, 
         capture.check_finite(inputs.hidden, f"the output of {where}")
         if on_device:
             layer.to("cpu")
+        stream.release(i)  # after run_layer: the next layer's inputs come from this quantised layer
         prog.layer(f"layer {i + 1}/{len(layers)}")
 
 
-def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print) -> dict:
-    """The whole job: load the float model, calibrate if the method needs it, solve, write OUT. Returns a summary."""
+def _load(recipe: Recipe, lazy: bool):
+    """(model, tokenizer, source, LazyWeights or None, plan): layer-by-layer loading unless only a full load works."""
+    from .models.hf import load_float_model
+    from .models.lazy import open_lazy
+
+    opened = open_lazy(recipe.model, recipe.dtype) if lazy else None
+    if opened is not None:
+        model, tok, src, weights = opened
+        plan = plan_targets(model, recipe)
+        self_calib = (recipe.calibration.spec or "self") == "self"
+        if not (self_calib and needs_calibration(recipe, plan)):
+            return model, tok, src, weights, plan
+        del model, weights, opened  # self-generated calibration samples text from the whole model
+    model, tok, src = load_float_model(recipe.model, recipe.dtype, recipe.device)
+    return model, tok, src, None, plan_targets(model, recipe)
+
+
+def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print, lazy: bool = True) -> dict:
+    """The whole job: load the float model, calibrate if the method needs it, solve, write OUT. Returns a summary.
+
+    lazy: read one decoder layer at a time from the safetensors files (see models/lazy.py); the whole model is
+    loaded instead when the checkpoint's key names need converting, it is not safetensors, or calibration
+    text is sampled from the model itself.
+    """
     import platform
     from pathlib import Path
 
@@ -241,7 +293,7 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print) -> dict:
 
     from . import __version__
     from .formats.writer import check_output, write_checkpoint
-    from .models.hf import load_float_model
+    from .models.lazy import meta_tensors
 
     if not recipe.output:
         raise UserError("no output folder; pass -o OUT")
@@ -251,8 +303,7 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print) -> dict:
     for t in recipe.quant.targets:
         get_scheme(t.scheme)
     t0 = time.time()
-    model, tok, src = load_float_model(recipe.model, recipe.dtype, recipe.device)
-    plan = plan_targets(model, recipe)
+    model, tok, src, weights, plan = _load(recipe, lazy)
     source_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     calib, calib_meta = None, None
     if needs_calibration(recipe, plan):
@@ -264,7 +315,11 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print) -> dict:
         cs = load_calibration(spec=c.spec, tokenizer=tok, num_samples=c.num_samples, seq_len=c.seq_len,
                               seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=model)
         calib, calib_meta = cs.samples, cs.meta
-    result = quantize_model(model, recipe, calib, progress=progress)
+    result = quantize_model(model, recipe, calib, progress=progress, weights=weights)
+    dropped = {f"{n}.weight" for n in result.qweights}
+    stray = [k for k in meta_tensors(model) if k not in dropped]
+    if stray:  # a bug, not bad input: the writer would save empty tensors
+        raise RuntimeError(f"tensors never read from the source model: {', '.join(stray[:5])}")
     resolved = recipe.model_copy(deep=True)
     resolved.quant.group_size = default_group_size(model, recipe)
     meta = {
@@ -289,4 +344,5 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print) -> dict:
     return {"output": str(path), "source": str(src), "layers": len(plan), "method": recipe.quant.method,
             "scheme": recipe.quant.scheme, "group_size": resolved.quant.group_size,
             "mean_weight_rel_error": sum(errs) / len(errs) if errs else None,
-            "seconds": round(time.time() - t0, 2), "calibration": calib_meta}
+            "seconds": round(time.time() - t0, 2), "calibration": calib_meta,
+            "loading": "layer by layer" if weights is not None else "whole model"}

@@ -75,11 +75,10 @@ def resolve_dtype(dtype: str, config) -> torch.dtype:
     return _DTYPES.get(str(d).replace("torch.", ""), torch.float32)
 
 
-def load_float_model(model: str | None, dtype: str = "auto", device: str = "cpu"):
-    """(model, tokenizer or None, source folder). The source folder is only read, never written."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+def read_config(src: Path):
+    """The model's config, checked: readable, a supported causal LM, not already quantised."""
+    from transformers import AutoConfig
 
-    src = resolve_model_dir(model)
     try:
         config = AutoConfig.from_pretrained(src)
     except Exception as e:
@@ -88,21 +87,40 @@ def load_float_model(model: str | None, dtype: str = "auto", device: str = "cpu"
     if getattr(config, "quantization_config", None):
         raise UserError(f"'{src}' is already quantised ({config.quantization_config.get('quant_method', '?')}); "
                         "pass the original float model")
+    return config
+
+
+def load_error(src: Path, e: Exception) -> UserError:
+    """The one-line UserError for a model whose weights cannot be read."""
+    msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+    if "safetensors" in msg.lower() or "header" in msg.lower() or type(e).__name__ == "SafetensorError":
+        return UserError(f"a safetensors file in '{src}' is corrupt ({msg}); re-download or re-save the model")
+    return UserError(f"cannot load the model in '{src}': {msg}")
+
+
+def load_tokenizer(src: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(src)
+    except Exception:
+        return None
+
+
+def load_float_model(model: str | None, dtype: str = "auto", device: str = "cpu"):
+    """(model, tokenizer or None, source folder). The source folder is only read, never written."""
+    from transformers import AutoModelForCausalLM
+
+    src = resolve_model_dir(model)
+    config = read_config(src)
     torch_dtype = resolve_dtype(dtype, config)
     try:
         m = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype)
     except Exception as e:
-        msg = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-        if "safetensors" in msg.lower() or "header" in msg.lower() or type(e).__name__ == "SafetensorError":
-            raise UserError(f"a safetensors file in '{src}' is corrupt ({msg}); re-download or re-save the model") from None
-        raise UserError(f"cannot load the model in '{src}': {msg}") from None
+        raise load_error(src, e) from None
     m.eval()
     check_linear_projections(m)
-    try:
-        tok = AutoTokenizer.from_pretrained(src)
-    except Exception:
-        tok = None
-    return m, tok, src
+    return m, load_tokenizer(src), src
 
 
 def check_linear_projections(model: nn.Module) -> None:

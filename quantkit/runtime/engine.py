@@ -109,6 +109,7 @@ class Engine:
                 else:
                     still.append(req)
             self._active = still
+            self.metrics.active = len(still)  # else the gauge stays stale until new work arrives
 
     def _finish(self, req: Request) -> None:
         seq = req.seq

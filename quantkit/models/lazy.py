@@ -1,0 +1,175 @@
+"""Lazy loading: the model skeleton on the meta device, decoder layers read from safetensors one at a time.
+
+Only what lives outside the decoder layers (embeddings, final norm, head) is read up front. The pipeline calls
+`load_layer(i)` right before it processes decoder layer i and `release(names)` right after, which turns the
+float weights of the layer's quantised Linears back into meta tensors (their codes are kept as QWeights). Small
+tensors such as norms and biases stay, because AWQ folds its scales into them and the writer saves them.
+Peak memory is therefore about one layer plus the calibration activations, the head, and the codes.
+
+`open_lazy` returns None whenever the checkpoint cannot be mapped onto the model one key per state-dict entry
+(not safetensors, renamed or fused keys that transformers converts on load, shape changes); the caller then
+loads the whole model the ordinary way.
+"""
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .hf import check_linear_projections, decoder_layers, load_error, load_tokenizer, read_config, resolve_dtype
+from .hf import resolve_model_dir
+
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+
+
+def checkpoint_files(src: Path) -> dict[str, Path] | None:
+    """{tensor key: safetensors file} for a single-file or sharded checkpoint; None when there is neither."""
+    from safetensors import safe_open
+
+    if (src / INDEX).is_file():
+        try:
+            weight_map = json.loads((src / INDEX).read_text())["weight_map"]
+        except (ValueError, KeyError) as e:
+            raise load_error(src, e) from None
+        return {k: src / f for k, f in weight_map.items()}
+    if (src / SINGLE).is_file():
+        try:
+            with safe_open(src / SINGLE, framework="pt") as f:
+                return dict.fromkeys(f.keys(), src / SINGLE)
+        except Exception as e:
+            raise load_error(src, e) from None
+    return None
+
+
+class LazyWeights:
+    """Reads state-dict entries of a meta-initialised model from its safetensors files on demand."""
+
+    def __init__(self, model: nn.Module, files: dict[str, Path], sources: dict[str, str]):
+        self.model = model
+        self.files = files
+        self.sources = sources  # state-dict key -> checkpoint key (the same name; tied aliases share one)
+        self.layers_name, self.layers = decoder_layers(model)
+        # every (module, attribute) a tensor is reachable under, so tied weights stay one Parameter
+        self.slots: dict[str, list[tuple[nn.Module, str]]] = {}
+        self.aliases: dict[str, list[str]] = {}
+        by_tensor = defaultdict(list)
+        for name, mod in model.named_modules(remove_duplicate=False):
+            for leaf, t in list(mod._parameters.items()) + list(mod._buffers.items()):
+                if t is not None:
+                    by_tensor[id(t)].append((f"{name}.{leaf}" if name else leaf, mod, leaf))
+        for group in by_tensor.values():
+            for key, _, _ in group:
+                self.slots[key] = [(m, leaf) for _, m, leaf in group]
+                self.aliases[key] = [k for k, _, _ in group]
+
+    def _set(self, key: str, value: torch.Tensor) -> None:
+        mod, leaf = self.slots[key][0]
+        old = mod._parameters.get(leaf) if leaf in mod._parameters else mod._buffers.get(leaf)
+        value = value.to(old.dtype)
+        new = nn.Parameter(value, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else value
+        for m, lf in self.slots[key]:
+            if lf in m._parameters:
+                m._parameters[lf] = new
+            else:
+                m._buffers[lf] = new
+
+    def materialise(self, keys: list[str]) -> None:
+        """Read KEYS from disk, one file open per shard; the mapping is closed again so its pages leave RSS."""
+        from safetensors import safe_open
+
+        by_file, done = defaultdict(list), set()
+        for k in keys:
+            if k not in done:  # tied aliases share one read
+                done.update(self.aliases[k])
+                by_file[self.files[self.sources[k]]].append(k)
+        for path, ks in by_file.items():
+            try:
+                with safe_open(path, framework="pt") as f:
+                    for k in ks:
+                        self._set(k, f.get_tensor(self.sources[k]))
+            except Exception as e:
+                raise load_error(path.parent, e) from None
+
+    def layer_keys(self, i: int) -> list[str]:
+        prefix = f"{self.layers_name}.{i}."
+        return [k for k in self.sources if k.startswith(prefix)]
+
+    def load_layer(self, i: int) -> None:
+        self.materialise(self.layer_keys(i))
+
+    def release(self, linear_names) -> None:
+        """Drop the float weights of these (quantised) Linears; their codes live on in the pipeline's QWeights."""
+        for name in linear_names:
+            key = f"{name}.weight"
+            mod, leaf = self.slots[key][0]
+            w = mod._parameters[leaf]
+            self._replace(key, nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False))
+
+    def _replace(self, key: str, new) -> None:
+        for m, lf in self.slots[key]:
+            m._parameters[lf] = new
+
+
+def meta_tensors(model: nn.Module) -> list[str]:
+    return [k for k, v in model.state_dict().items() if v.is_meta]
+
+
+def _source_keys(model: nn.Module, ckpt_keys, aliases: dict[str, list[str]]) -> dict[str, str] | None:
+    """{state-dict key: checkpoint key}, or None when the names do not line up one to one."""
+    ckpt = set(ckpt_keys)
+    if not ckpt <= set(aliases):  # a key the model lacks: transformers would rename or convert it on load
+        return None
+    sources = {}
+    for key, t in model.state_dict().items():
+        # a tied alias (lm_head.weight of a tied head) is filled from its partner's checkpoint entry
+        found = next((a for a in [key, *aliases[key]] if a in ckpt), None)
+        if found is not None:
+            sources[key] = found
+        elif t.is_meta:
+            return None  # a weight the checkpoint lacks: leave it to from_pretrained
+    return sources
+
+
+def open_lazy(model: str | None, dtype: str = "auto"):
+    """(model, tokenizer or None, source folder, LazyWeights), or None when only a full load will do."""
+    from accelerate import init_empty_weights
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    src = resolve_model_dir(model)
+    config = read_config(src)
+    files = checkpoint_files(src)
+    if files is None:
+        return None
+    torch_dtype = resolve_dtype(dtype, config)
+    with init_empty_weights(include_buffers=False):
+        m = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    m.tie_weights()
+    m.eval()
+    check_linear_projections(m)
+    weights = LazyWeights(m, files, {})
+    sources = _source_keys(m, files, weights.aliases)
+    if sources is None:
+        return None
+    shapes = {}
+    for path in set(files.values()):
+        try:
+            with safe_open(path, framework="pt") as f:
+                shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+        except Exception as e:
+            raise load_error(src, e) from None
+    sd = m.state_dict()
+    if any(shapes[c] != tuple(sd[k].shape) for k, c in sources.items()):
+        return None
+    weights.sources = sources
+    in_layers = f"{weights.layers_name}."
+    weights.materialise([k for k in sources if not k.startswith(in_layers)])
+    try:  # from_pretrained reads generation_config.json too; the writer copies it
+        m.generation_config = GenerationConfig.from_pretrained(src)
+    except Exception:
+        pass
+    return m, load_tokenizer(src), src, weights
