@@ -23,6 +23,7 @@ class QuantLinear(nn.Module):
         self.register_buffer("weight_zero_point", None if symmetric else
                              torch.empty(-(-out_features // per), groups, dtype=torch.int32, **kw))
         self.register_buffer("weight_g_idx", torch.empty(in_features, dtype=torch.int32, **kw) if has_g_idx else None)
+        self.cpu_bf16_activations = False  # set by the loader; see kernels.dispatch.choose
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, **kw), requires_grad=False) if bias else None
 
     @classmethod

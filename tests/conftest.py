@@ -18,6 +18,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+# Tiny models are per-op overhead: a second intra-op thread only adds OpenMP synchronisation, which made them
+# 20-75x slower whenever the two cores were shared. Tests that time nothing lose nothing by using one.
+torch.set_num_threads(1)
+
 sys.path.insert(0, os.path.dirname(__file__))
 from helpers import TINY_ARCHS, make_tiny_model  # noqa: E402,F401
 

@@ -116,3 +116,23 @@ def test_tied_embeddings_round_trip(tmp_path, cli):
         assert "lm_head.weight" not in set(f.keys())
     q = quantkit.load(out, dtype=torch.float32)
     assert q.lm_head.weight.data_ptr() == q.model.embed_tokens.weight.data_ptr()
+
+
+def test_cpu_fast_path_uses_packed_ops_and_stays_close(tmp_path, cli):
+    from quantkit.kernels import dispatch
+
+    src = make_tiny_model(tmp_path / "src", "llama")
+    out = tmp_path / "out"
+    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
+    exact = quantkit.load(out, dtype=torch.float32)
+    fast = quantkit.load(out, dtype=torch.float32, cpu_fast=True)
+    layer = fast.model.layers[0].mlp.down_proj
+    x = torch.randn(1, 256)
+    assert dispatch.choose(layer, 1, x) == "cpu-int4pack"
+    assert dispatch.choose(exact.model.layers[0].mlp.down_proj, 1, x) == "torch-dequant-matmul"
+    with torch.no_grad():
+        a, b = fast(IDS).logits, exact(IDS).logits
+    # the packed op takes bf16 activations (8 mantissa bits, ~4e-3 relative per value); through two layers the
+    # logits move by well under 3e-2 relative, while a wrong weight layout would move them by order 1
+    assert 0 < rel_err(a, b) < 3e-2
+    assert a.dtype == torch.float32

@@ -24,6 +24,7 @@ def generate_cmd(
     prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by n-gram prompt lookup with this n"),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),
     as_json: bool = typer.Option(False, "--json", help="print completion, tokens and metrics as JSON"),
 ) -> None:
     """Generate a completion and print it with the decode metrics.
@@ -42,6 +43,7 @@ def generate_cmd(
         raise UserError(f"--num-speculative-tokens must be at least 1, got {num_speculative_tokens}")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             stop=list(stop)).validate()
+    build.set_threads(threads)
     dt = build.parse_dtype(dtype)
     model = build.load_model(path, dt)
     tok = build.load_tokenizer(path)

@@ -24,6 +24,7 @@ def serve_cmd(
     max_tokens_limit: Optional[int] = typer.Option(None, "--max-tokens-limit", help="largest max_tokens a request may ask (default: the context)"),
     kv_cache: str = typer.Option("auto", "--kv-cache", help="KV cache dtype: auto (model dtype) or fp8"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),
     compare: Optional[str] = typer.Option(None, "--compare", help="base model to compare with side by side in the playground at / (same tokenizer)"),
     as_json: bool = typer.Option(False, "--json", help="print the resolved settings as JSON before serving"),
 ) -> None:
@@ -48,6 +49,7 @@ def serve_cmd(
                                                                              num_speculative_tokens)):
         if v < 1:
             raise UserError(f"{name} must be at least 1, got {v}")
+    build.set_threads(threads)
     dt = build.parse_dtype(dtype)
     model = build.load_model(path, dt)
     tok = build.load_tokenizer(path)

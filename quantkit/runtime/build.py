@@ -31,6 +31,15 @@ def resolve_path(path: str) -> str:
     return path
 
 
+def set_threads(n: int | None) -> None:
+    """Intra-op threads for CPU decoding. Batch-1 decode of a small model is per-op overhead, and on a machine
+    whose cores are busy, OpenMP's spinning threads made it 5-50x slower than one thread (docs/benchmarks.md)."""
+    if n is not None:
+        if n < 1:
+            raise UserError(f"--threads must be at least 1, got {n}")
+        torch.set_num_threads(n)
+
+
 def load_model(path: str, dtype=None):
     """The lead's checkpoint loader when present (it also reads quantised checkpoints), else transformers."""
     path = resolve_path(path)
@@ -39,7 +48,7 @@ def load_model(path: str, dtype=None):
     except ImportError:
         load = None
     if load is not None:
-        model = load(path, device="cpu", dtype=dtype)
+        model = load(path, device="cpu", dtype=dtype, cpu_fast=True)
     else:
         from transformers import AutoModelForCausalLM
 
