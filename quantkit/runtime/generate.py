@@ -15,6 +15,7 @@ from . import sampling
 from .kv_cache import crop_to, forward, new_cache
 from .metrics import RequestMetrics
 from .sampling import SamplingParams
+from .spec_governor import SpeculationGovernor
 from .speculative import accept as speculative_accept
 from .text import Detokenizer
 
@@ -59,6 +60,7 @@ class Sequence:
         self.n_prompt = len(prompt_ids)
         self.cache = new_cache(model, kv_cache)
         self.drafter = drafter
+        self.governor = SpeculationGovernor()
         self.k = num_speculative_tokens
         self.gen = None if params.greedy else params.make_generator()
         self.eos = set() if params.ignore_eos else (eos if eos is not None else eos_ids(model, tokenizer))
@@ -94,7 +96,7 @@ class Sequence:
         n_ctx = self.ids.shape[0]
         draft, q = [], None
         k = min(self.k, self.max_tokens - self.n_generated - 1)
-        if speculate and self.drafter is not None and k > 0:
+        if speculate and self.drafter is not None and k > 0 and self.governor.allow():
             draft, q = self.drafter.propose(self.ids, k, self.params, self.gen)
         feed = torch.cat([self.ids[-1:], torch.tensor(draft, dtype=torch.long)]) if draft else self.ids[-1:]
         logits = self._forward(feed, last_only=False)
@@ -105,6 +107,7 @@ class Sequence:
         # The cache now holds every fed token; keep the context (minus the pending last) plus accepted drafts.
         crop_to(self.cache, n_ctx + n)
         self.drafter.rollback(n_ctx + n)
+        self.governor.update(n, len(draft))
         self.metrics.spec_steps += 1
         self.metrics.drafted += len(draft)
         self.metrics.accepted += n
