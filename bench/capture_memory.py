@@ -89,6 +89,13 @@ def _child(model: Path, method: str, lazy: bool, samples: int, seq_len: int) -> 
         return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _prepare(which: str, folder: str) -> Path:
+    p = subprocess.run([sys.executable, __file__, "--prepare", which, folder], capture_output=True, text=True)
+    if p.returncode:
+        sys.exit(f"preparing the {which} model failed:\n{p.stderr[-3000:]}")
+    return Path(p.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="small,big")
@@ -98,22 +105,28 @@ def main() -> None:
     ap.add_argument("--big-dir", default=str(Path(tempfile.gettempdir()) / "quantkit-bench-big-llama"))
     ap.add_argument("--keep-big", action="store_true", help="leave the big model on disk for the next run")
     ap.add_argument("--row", nargs=6, help=argparse.SUPPRESS)
+    ap.add_argument("--prepare", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.row:
         model, method, path, out, samples, seq_len = a.row
         print(json.dumps(run_row(model, method, path == "new", out, int(samples), int(seq_len))))
         return
+    if a.prepare:
+        from quantkit.models.embedded import embedded_model_dir
 
-    from quantkit.models.embedded import embedded_model_dir
+        small = embedded_model_dir()
+        print(small if a.prepare[0] == "small" else build_big(Path(a.prepare[1]), small))
+        return
 
-    small = embedded_model_dir()
+    # Linux keeps a process's peak RSS across exec, so a child inherits this process's peak: the parent stays
+    # small and leaves even model preparation to children.
     models = {}
     if "small" in a.models:
-        models["SmolLM2-135M"] = small
+        models["SmolLM2-135M"] = _prepare("small", "")
     big_dir = Path(a.big_dir)
     if "big" in a.models:
         big_dir.mkdir(parents=True, exist_ok=True)
-        models["random llama 1.4B"] = build_big(big_dir, small)
+        models["random llama 1.4B"] = _prepare("big", str(big_dir))
     header = (f"{'model':<18} {'float GB':>8} {'method':<6} {'load':<14} {'peak RSS GB':>11} "
               f"{'minus import':>12} {'/ float':>7} {'seconds':>7}")
     print(header)

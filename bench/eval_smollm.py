@@ -62,7 +62,11 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma list of variant labels")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--fresh", action="store_true", help="re-quantise even when a checkpoint exists")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: small models on a shared CPU)")
     args = ap.parse_args()
+    import torch
+
+    torch.set_num_threads(args.threads)
 
     from rich.console import Console
 

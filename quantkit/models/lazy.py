@@ -12,6 +12,7 @@ loads the whole model the ordinary way.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -19,8 +20,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .hf import check_linear_projections, decoder_layers, load_error, load_tokenizer, read_config, resolve_dtype
-from .hf import resolve_model_dir
+from .hf import (check_linear_projections, decoder_layers, load_error, load_tokenizer, read_config, resolve_dtype,
+                 resolve_model_dir)
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -69,7 +70,9 @@ class LazyWeights:
     def _set(self, key: str, value: torch.Tensor) -> None:
         mod, leaf = self.slots[key][0]
         old = mod._parameters.get(leaf) if leaf in mod._parameters else mod._buffers.get(leaf)
-        value = value.to(old.dtype)
+        # a copy: safetensors hands out views of a whole-file mapping, and one kept view (a norm) would pin every
+        # page of the layer that was read through it
+        value = value.to(old.dtype, copy=True)
         new = nn.Parameter(value, requires_grad=old.requires_grad) if isinstance(old, nn.Parameter) else value
         for m, lf in self.slots[key]:
             if lf in m._parameters:
@@ -108,10 +111,21 @@ class LazyWeights:
             mod, leaf = self.slots[key][0]
             w = mod._parameters[leaf]
             self._replace(key, nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False))
+        _trim_heap()
 
     def _replace(self, key: str, new) -> None:
         for m, lf in self.slots[key]:
             m._parameters[lf] = new
+
+
+def _trim_heap() -> None:
+    """Hand freed heap pages back to the OS. glibc serves the layer-sized blocks freed here from its heap once
+    its mmap threshold has grown, and without a trim the freed gaps between the kept codes stay resident:
+    measured on a 1.4B llama, RSS grew by ~3.5 bytes per parameter instead of the 1 byte the codes take."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
 
 
 def meta_tensors(model: nn.Module) -> list[str]:
