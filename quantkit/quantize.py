@@ -74,9 +74,9 @@ def plan_targets(model: nn.Module, recipe: Recipe) -> dict[str, Scheme]:
 
 def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
     if scheme.is_fp8:
-        from .solvers.fp8 import FP8Solver
+        from .solvers.fp8 import solver_class
 
-        return FP8Solver
+        return solver_class(scheme)  # fp8-dynamic weights need no calibration; static input scales do
     if method in ("gptq", "awq+gptq"):
         from .solvers.gptq import GPTQSolver
 
@@ -143,18 +143,21 @@ class _Progress:
 
 
 def quantize_model(model: nn.Module, recipe: Recipe, calib_samples: list[torch.Tensor] | None = None,
-                   progress=None, device: str | None = None, weights=None) -> QuantizeResult:
+                   progress=None, device: str | None = None, weights=None,
+                   storage_dtype: torch.dtype | None = None) -> QuantizeResult:
     """Quantise model in place (its targeted Linear weights become their dequantised values) and return the codes.
 
     weights: a models.lazy.LazyWeights when the decoder layers are still on the meta device; each layer is then
     read just before it is processed and its quantised Linears' float weights are dropped right after.
+    storage_dtype: the dtype scales will be written in, when the model computes in a wider one; codes are
+    solved against scales rounded to it.
     """
     t0 = time.time()
     device = device or recipe.device
     dtype = next(model.parameters()).dtype
     plan = plan_targets(model, recipe)
     modules = dict(model.named_modules())
-    opts = solver_options(recipe, dtype)
+    opts = solver_options(recipe, storage_dtype or dtype)
     transforms = transforms_for(model, recipe)
     needs_data = needs_calibration(recipe, plan)
     if needs_data and not calib_samples:
@@ -195,7 +198,7 @@ def quantize_model(model: nn.Module, recipe: Recipe, calib_samples: list[torch.T
             from .solvers.rtn import RTNSolver
 
             solver = make(n)
-            if solver.needs_data:
+            if solver.needs_data and not plan[n].is_fp8:  # an fp8 solver must not fall back to integer RTN
                 solver = RTNSolver(n, solver.weight, plan[n], opts)
             solve(n, solver)
     result.seconds = time.time() - t0
@@ -267,7 +270,10 @@ def _load(recipe: Recipe, lazy: bool):
     from .models.hf import load_float_model
     from .models.lazy import open_lazy
 
-    opened = open_lazy(recipe.model, recipe.dtype) if lazy else None
+    # A CPU has no fast float16/bfloat16 matmul (calibration passes ran 13x slower in float16 than in float32 on
+    # SmolLM2), so the model computes in float32 there; the checkpoint is still written in the storage dtype.
+    compute = "float32" if recipe.device == "cpu" else recipe.dtype
+    opened = open_lazy(recipe.model, compute) if lazy else None
     if opened is not None:
         model, tok, src, weights = opened
         plan = plan_targets(model, recipe)
@@ -275,7 +281,7 @@ def _load(recipe: Recipe, lazy: bool):
         if not (self_calib and needs_calibration(recipe, plan)):
             return model, tok, src, weights, plan
         del model, weights, opened  # self-generated calibration samples text from the whole model
-    model, tok, src = load_float_model(recipe.model, recipe.dtype, recipe.device)
+    model, tok, src = load_float_model(recipe.model, compute, recipe.device)
     return model, tok, src, None, plan_targets(model, recipe)
 
 
@@ -303,8 +309,11 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print, lazy: bool 
     for t in recipe.quant.targets:
         get_scheme(t.scheme)
     t0 = time.time()
+    from .models.hf import read_config, resolve_dtype, resolve_model_dir
+
+    storage = resolve_dtype(recipe.dtype, read_config(resolve_model_dir(recipe.model)))
     model, tok, src, weights, plan = _load(recipe, lazy)
-    source_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
     calib, calib_meta = None, None
     if needs_calibration(recipe, plan):
         from .data import load_calibration
@@ -315,7 +324,7 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print, lazy: bool 
         cs = load_calibration(spec=c.spec, tokenizer=tok, num_samples=c.num_samples, seq_len=c.seq_len,
                               seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=model)
         calib, calib_meta = cs.samples, cs.meta
-    result = quantize_model(model, recipe, calib, progress=progress, weights=weights)
+    result = quantize_model(model, recipe, calib, progress=progress, weights=weights, storage_dtype=storage)
     dropped = {f"{n}.weight" for n in result.qweights}
     stray = [k for k in meta_tensors(model) if k not in dropped]
     if stray:  # a bug, not bad input: the writer would save empty tensors
@@ -333,13 +342,15 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print, lazy: bool 
         "seeds": {"calibration": recipe.calibration.seed},
         "layers": {n: {**result.stats.get(n, {}), "scheme": plan[n].to_dict()} for n in plan},
         "quantize_seconds": round(result.seconds, 2),
+        "dtypes": {"compute": str(next(model.parameters()).dtype), "storage": str(storage)},
     }
     kv = None
     if recipe.quant.kv_cache == "fp8":
         kv = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False,
               "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax",
               "observer_kwargs": {}}
-    path = write_checkpoint(out, model, result.qweights, plan, tok, meta, result.tensors, kv, recipe.overwrite)
+    path = write_checkpoint(out, model, result.qweights, plan, tok, meta, result.tensors, kv, recipe.overwrite,
+                            dtype=storage)
     errs = [s.get("weight_rel_error") for s in result.stats.values() if s.get("weight_rel_error") is not None]
     return {"output": str(path), "source": str(src), "layers": len(plan), "method": recipe.quant.method,
             "scheme": recipe.quant.scheme, "group_size": resolved.quant.group_size,

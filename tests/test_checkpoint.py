@@ -136,3 +136,20 @@ def test_cpu_fast_path_uses_packed_ops_and_stays_close(tmp_path, cli):
     # logits move by well under 3e-2 relative, while a wrong weight layout would move them by order 1
     assert 0 < rel_err(a, b) < 3e-2
     assert a.dtype == torch.float32
+
+
+def test_float16_source_computes_in_float32_on_cpu_and_is_stored_in_float16(tmp_path, cli):
+    src = make_tiny_model(tmp_path / "src", "llama", dtype=torch.float16)
+    out = tmp_path / "out"
+    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
+    meta = json.loads((out / "quantkit.json").read_text())
+    assert meta["dtypes"] == {"compute": "torch.float32", "storage": "torch.float16"}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float16"
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("model.layers.0.mlp.up_proj.weight_scale").dtype == torch.float16
+        assert f.get_tensor("model.norm.weight").dtype == torch.float16
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float16
+    ref, q = _dequantized_float_model(src, out)
+    with torch.no_grad():
+        # both float32 from the same fp16-stored weights: only summation order differs
+        assert rel_err(q(IDS).logits, ref(IDS).logits) < 1e-5

@@ -28,8 +28,11 @@ def check_output(out: Path, overwrite: bool) -> None:
         raise UserError(f"the parent folder of '{out}' does not exist; create it first")
 
 
-def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], extra: dict[str, torch.Tensor]) -> dict:
-    dtype = next(model.parameters()).dtype
+def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], extra: dict[str, torch.Tensor],
+                       dtype: torch.dtype | None = None) -> dict:
+    """dtype: the storage dtype of float tensors and scales (default: the model's, which may be a wider
+    compute dtype, e.g. float32 on a CPU for a float16 model)."""
+    dtype = dtype or next(model.parameters()).dtype
     sd = model.state_dict()
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     out: dict[str, torch.Tensor] = {}
@@ -39,7 +42,8 @@ def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], ext
             continue
         if tied and k == "lm_head.weight" and "lm_head" not in qweights:
             continue  # restored by tie_weights at load; safetensors refuses shared storage anyway
-        out[k] = v.detach().cpu().contiguous()
+        v = v.detach().cpu()
+        out[k] = (v.to(dtype) if v.is_floating_point() and v.element_size() > 1 else v).contiguous()
     for n, qw in qweights.items():
         out.update(tensors_for(n, qw, dtype))
     out.update({k: v.detach().cpu() for k, v in extra.items()})
@@ -48,14 +52,17 @@ def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], ext
 
 def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWeight], plan: dict[str, Scheme],
                      tokenizer, meta: dict, extra: dict | None = None, kv_cache_scheme: dict | None = None,
-                     overwrite: bool = False) -> Path:
+                     overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:
     out = Path(out).resolve()
     check_output(out, overwrite)
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
-        save_tensors(tmp, checkpoint_tensors(model, qweights, extra or {}))
+        save_tensors(tmp, checkpoint_tensors(model, qweights, extra or {}, dtype))
         config = model.config.to_dict()
+        if dtype is not None:
+            config["dtype"] = str(dtype).replace("torch.", "")
+            config.pop("torch_dtype", None)
         if "lm_head" in qweights and config.get("tie_word_embeddings"):
             config["tie_word_embeddings"] = False  # the head now has its own (quantised) weights
         config["quantization_config"] = quantization_config(plan, linears, kv_cache_scheme)
