@@ -21,15 +21,6 @@ from quantkit.solvers.awq_maps import map_for, mapped_architectures
 from quantkit.solvers.rtn import rtn_quantize
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # two shared cores: a second intra-op thread only spins against other processes on these tiny matmuls
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 # kv heads == heads so that v -> o is folded too (grouped-query attention skips it; tested separately)
 _ATTN = dict(num_attention_heads=4, num_key_value_heads=4)
 ARCH_CONFIGS = {

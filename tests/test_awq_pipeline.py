@@ -16,15 +16,6 @@ from quantkit.quantize import quantize_model, quantize_to_checkpoint
 from quantkit.recipe import Recipe
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # two shared cores: a second intra-op thread only spins against other processes on these tiny matmuls
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _model_dir(tmp_path, arch="llama"):
     folder = make_tiny_model(tmp_path / f"tiny-{arch}", arch)
     tiny_tokenizer().save_pretrained(folder)

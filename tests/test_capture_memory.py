@@ -17,15 +17,6 @@ from quantkit.quantize import quantize_to_checkpoint
 from quantkit.recipe import Recipe
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # two shared cores: a second intra-op thread only spins against other processes on these tiny matmuls
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _source(tmp_path, arch="llama", tied=False, shard=None):
     from transformers import AutoModelForCausalLM
 

@@ -8,14 +8,9 @@ import re
 
 import pytest
 import torch
-from test_data_support import SAMPLE, one_thread, tiny_tokenizer
+from test_data_support import SAMPLE, tiny_tokenizer
 
 from quantkit.data import CalibrationSet, load_calibration
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
 
 
 @pytest.fixture(scope="module")

@@ -6,16 +6,11 @@ import re
 
 import pytest
 import torch
-from test_data_support import SAMPLE, one_thread, tiny_tokenizer
+from test_data_support import SAMPLE, tiny_tokenizer
 
 from quantkit.data import load_calibration, load_eval_windows
 from quantkit.data.specs import known_specs
 from quantkit.errors import UserError
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
 
 
 @pytest.fixture(scope="module")

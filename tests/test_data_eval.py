@@ -5,15 +5,10 @@ import json
 import re
 
 import pytest
-from test_data_support import SAMPLE, one_thread, tiny_tokenizer
+from test_data_support import SAMPLE, tiny_tokenizer
 
 from quantkit.data import Task, load_eval_windows, load_tasks
 from quantkit.errors import UserError
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
 
 
 @pytest.fixture(scope="module")

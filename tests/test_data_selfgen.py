@@ -4,15 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_data_support import one_thread, tiny_llama, tiny_tokenizer
+from test_data_support import tiny_llama, tiny_tokenizer
 
 from quantkit.data import load_calibration
 from quantkit.errors import UserError
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
 
 
 @pytest.fixture(scope="module")

@@ -8,15 +8,10 @@ import re
 
 import pytest
 import torch
-from test_data_support import SAMPLE, one_thread, tiny_tokenizer
+from test_data_support import SAMPLE, tiny_tokenizer
 
 import quantkit.data.hub as hub
 from quantkit.data import load_calibration, load_eval_windows
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    yield from one_thread()
 
 
 @pytest.fixture(scope="module")

@@ -65,3 +65,14 @@ def test_weight_buffer_is_reused_across_layers():
     a = cpu.weight_buffer(64, 64, torch.float16, torch.device("cpu"))
     b = cpu.weight_buffer(32, 64, torch.float16, torch.device("cpu"))
     assert a.data_ptr() == b.data_ptr() and b.shape == (32, 64)
+
+
+def test_shared_buffer_survives_switching_out_of_inference_mode():
+    from quantkit.kernels import cpu
+
+    with torch.inference_mode():
+        a = cpu.weight_buffer(4, 8, torch.float32, torch.device("cpu"))
+        a.fill_(1.0)
+    b = cpu.weight_buffer(4, 8, torch.float32, torch.device("cpu"))
+    b.copy_(torch.arange(32.0).view(4, 8))  # an inference tensor would refuse this in-place write
+    assert b[3, 7].item() == 31.0

@@ -16,15 +16,6 @@ from quantkit.nn import QuantLinear
 from quantkit.recipe import Recipe, load_recipe, parse_recipe, preset_names, recipes_dir
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # two OpenMP threads spin against the other jobs on this shared 2-core machine; one is fast and deterministic
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _write(tmp_path, text: str, name: str = "r.yaml"):
     p = tmp_path / name
     p.write_text(text)

@@ -13,14 +13,6 @@ from quantkit.recipe import load_recipe, recipes_dir
 from test_data_support import SAMPLE, tiny_tokenizer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture
 def tiny_with_tokenizer(tmp_path):
     tok = tiny_tokenizer()

@@ -5,13 +5,7 @@ import torch
 from quantkit.errors import UserError
 from quantkit.runtime.generate import Sequence, generate
 from quantkit.runtime.sampling import SamplingParams, probs
-from quantkit.runtime.tiny import single_thread, tiny_llama
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with single_thread():
-        yield
+from quantkit.runtime.tiny import tiny_llama
 
 
 def _prompts(n, vocab, seed=1, lo=3, hi=40):

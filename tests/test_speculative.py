@@ -7,13 +7,7 @@ from quantkit.runtime import speculative as spec
 from quantkit.runtime.generate import Sequence, generate
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, accept, check_vocab, self_w4_draft
-from quantkit.runtime.tiny import single_thread, tiny_llama
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    with single_thread():
-        yield
+from quantkit.runtime.tiny import tiny_llama
 
 
 def _repetitive_prompts(n, vocab, seed=2):

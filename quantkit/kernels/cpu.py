@@ -136,7 +136,9 @@ def weight_buffer(n: int, k: int, dtype: torch.dtype, device: torch.device) -> t
     """One scratch weight per (dtype, device), grown to the largest layer and shared by all of them."""
     key = (dtype, str(device))
     buf = _BUFFERS.get(key)
-    if buf is None or buf.numel() < n * k:
+    # a buffer made under torch.inference_mode cannot be written outside it (and vice versa is fine): remake it
+    stale = buf is not None and buf.is_inference() and not torch.is_inference_mode_enabled()
+    if buf is None or stale or buf.numel() < n * k:
         buf = torch.empty(n * k, dtype=dtype, device=device)
         _BUFFERS[key] = buf
     return buf[: n * k].view(n, k)
