@@ -49,3 +49,38 @@ def tree_hash(folder: Path) -> dict[str, str]:
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """An ASGI app served by uvicorn on 127.0.0.1 in a daemon thread; stop() also closes the given engines."""
+
+    def __init__(self, app, engines=()):
+        import threading
+        import time
+
+        import uvicorn
+
+        self.engines = list(engines)
+        self.port = free_port()
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 30
+        while not self.server.started:
+            assert time.time() < deadline, "server did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        for e in self.engines:
+            e.close()

@@ -3,14 +3,11 @@ checked against a float64 reference. The browser side is in test_playground_brow
 import copy
 import json
 import re
-import socket
-import threading
 import time
 
 import httpx
 import pytest
 import torch
-import uvicorn
 from transformers import AutoTokenizer
 
 from quantkit.errors import UserError
@@ -23,31 +20,10 @@ from quantkit.runtime.server import create_app
 from quantkit.runtime.speculative import PromptLookupDrafter
 from quantkit.runtime.tiny import single_thread, tiny_llama
 
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import ServerThread, free_port
 
 
-class _Server:
-    def __init__(self, app, engines):
-        self.engines = engines
-        self.port = _free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        for e in self.engines:
-            e.close()
+_Server = ServerThread
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +191,7 @@ def test_cli_serve_compare_serves_the_playground_and_both_models(folders):
     import subprocess
     import sys
 
-    port = _free_port()
+    port = free_port()
     # Importing serve_cmd registers the command even where cli._register does not list it yet.
     code = "import quantkit.cli.serve_cmd; from quantkit.cli import main; main()"
     args = ["serve", str(folders["quant"]), "--compare", str(folders["base"]), "--prompt-lookup", "2",

@@ -1,14 +1,10 @@
 """The OpenAI-compatible server, driven by the official client and by raw HTTP, on 127.0.0.1."""
 import concurrent.futures as cf
 import json
-import socket
-import threading
-import time
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from transformers import AutoTokenizer
 
 from quantkit.models.embedded import embedded_model_dir
@@ -17,33 +13,15 @@ from quantkit.runtime.server import create_app
 from quantkit.runtime.speculative import PromptLookupDrafter
 from quantkit.runtime.tiny import single_thread, tiny_llama
 
+from helpers import ServerThread
+
 NAME = "tiny"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _Server:
+class _Server(ServerThread):
     def __init__(self, engine, **kw):
         self.engine = engine
-        self.port = _free_port()
-        config = uvicorn.Config(create_app(engine, NAME, **kw), host="127.0.0.1", port=self.port, log_level="error")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.engine.close()
+        super().__init__(create_app(engine, NAME, **kw), [engine])
 
 
 @pytest.fixture(scope="module")
