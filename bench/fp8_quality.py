@@ -37,6 +37,10 @@ ROWS: dict[str, tuple[dict | None, bool]] = {
     "W4 g64 RTN": ({"scheme": "w4a16", "group_size": 64, "method": "rtn"}, False),
     "W4 g64 RTN + FP8 KV": ({"scheme": "w4a16", "group_size": 64, "method": "rtn"}, True),
     "fp8-dynamic + FP8 KV": ({"scheme": "fp8-dynamic"}, True),
+    # the same schemes with the weights rounded by GPTQ instead of absmax rounding (solvers/fp8_gptq.py)
+    "fp8 GPTQ (tensor W, static A)": ({"scheme": "fp8", "method": "gptq"}, False),
+    "fp8-dynamic GPTQ (channel W, token A)": ({"scheme": "fp8-dynamic", "method": "gptq"}, False),
+    "fp8-dynamic GPTQ + FP8 KV": ({"scheme": "fp8-dynamic", "method": "gptq"}, True),
 }
 
 

@@ -2,12 +2,13 @@
 
     python bench/quality.py                      # every row (about 10 minutes on 2 CPU cores)
     python bench/quality.py --only "W4 g64"      # rows whose "scheme / method" label contains the text
-    python bench/quality.py --llmcompressor-python /tmp/venv/bin/python   # add llm-compressor's GPTQ rows
+    python bench/quality.py --llmcompressor-python /tmp/venv/bin/python   # add llm-compressor's GPTQ and AWQ rows
 
 Calibration tokens (default: text sampled from the model itself, the CLI's default) and evaluation windows (prose
 written for this benchmark, bench/data/eval_prose.txt, so disjoint from any calibration source) are made once and
-shared by every row. Each row runs in its own process so that its peak RSS is its own; peak RSS includes loading
-the float32 model. Methods are data: AWQ and others add entries to METHODS.
+shared by every row, as are the float model's greedy tokens on those windows (the agreement column). Each row runs
+in its own process so that its peak RSS is its own; peak RSS includes loading the float32 model. Methods are data:
+a new solver adds an entry to METHODS.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from quality_common import load_model, peak_rss_mb, perplexity, write_result  # noqa: E402
+from quality_common import load_model, peak_rss_mb, reset_peak_rss, score, write_result  # noqa: E402
 
 
 # label -> recipe fields (dotted, as quantkit.recipe.apply_overrides takes them)
@@ -51,9 +52,15 @@ METHODS: list[Method] = [
     # per channel there is one group, so "group" would only repeat "weight"
     Method("GPTQ act-order group", "quantkit", {"quant.method": "gptq", "quant.gptq.actorder": "group"},
            schemes=("W4 g64",)),
+    # AWQ pays off at 4 bits; at 8 bits RTN is already near float
+    Method("AWQ", "quantkit", {"quant.method": "awq"}, schemes=("W4 g64",)),
+    Method("AWQ+GPTQ", "quantkit", {"quant.method": "awq+gptq"}, schemes=("W4 g64",)),
     Method("llm-compressor GPTQ", "llmcompressor", {"actorder": None}),
     # llm-compressor's default act-order ("static"), which is our "weight"
     Method("llm-compressor GPTQ act-order weight", "llmcompressor", {"actorder": "weight"}, schemes=("W4 g64",)),
+    # its AWQModifier with its defaults (duo scaling, 20-point grid), then its round-to-nearest or its GPTQ
+    Method("llm-compressor AWQ", "llmcompressor", {"algo": "awq"}, schemes=("W4 g64",)),
+    Method("llm-compressor AWQ+GPTQ", "llmcompressor", {"algo": "awq+gptq"}, schemes=("W4 g64",)),
 ]
 
 
@@ -70,7 +77,8 @@ class Row:
 def rows(only: str | None) -> list[Row]:
     order = ["-", *SCHEMES]
     out = [Row(s, m) for s in order for m in METHODS if s in m.schemes]
-    return [r for r in out if not only or only.lower() in r.label.lower()]
+    # the float row always runs: every other row is measured against it
+    return [r for r in out if not only or r.method.runner == "float" or only.lower() in r.label.lower()]
 
 
 # ------------------------------------------------------------------------------------------------ workers
@@ -83,6 +91,8 @@ def run_worker(row: dict, model_path: str, tokens_path: str, out_path: str) -> N
     method = Method(**row["method"])
     model = load_model(model_path)
     result = {"load_rss_mb": peak_rss_mb()}
+    # from here the peak is the quantisation's own (with the float model resident), not the load's
+    result["peak_reset"] = reset_peak_rss()
     if method.runner == "quantkit":
         from quantkit.quantize import quantize_model
         from quantkit.recipe import Recipe, apply_overrides
@@ -96,7 +106,8 @@ def run_worker(row: dict, model_path: str, tokens_path: str, out_path: str) -> N
         errs = [s["output_rel_error"] for s in res.stats.values() if s.get("output_rel_error") is not None]
         result["mean_output_rel_error"] = sum(errs) / len(errs) if errs else None
         result["fallbacks"] = sum(1 for s in res.stats.values() if s.get("fallback"))
-    result["ppl"] = perplexity(model, data["eval"])
+    s = score(model, data["eval"], data["ref_top1"])
+    result["ppl"], result["agreement"] = s["ppl"], s["agreement"]
     write_result(out_path, result)
 
 
@@ -136,20 +147,25 @@ def table(results: list[tuple[Row, dict]], meta: dict) -> str:
     base = next((r["ppl"] for row, r in results if row.method.runner == "float" and "ppl" in r), None)
     # CPU seconds of the quantising process next to wall seconds: on a shared machine wall time depends on the
     # neighbours, CPU time (with --threads 1) much less
-    lines = ["| scheme | method | perplexity | vs float | quantise wall s | quantise CPU s | peak RSS MiB | "
-             "mean layer out err |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| scheme | method | perplexity | vs float | top-1 agreement | quantise wall s | quantise CPU s | "
+             "load peak MiB | quantise peak MiB | mean layer out err |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row, r in results:
         if "ppl" not in r:
-            lines.append(f"| {row.scheme} | {row.method.label} | {r.get('error') or r.get('skipped')} | | | | | |")
+            lines.append(f"| {row.scheme} | {row.method.label} | {r.get('error') or r.get('skipped')} | | | | | | | |")
             continue
         delta = None if base is None else (r["ppl"] / base - 1) * 100
         vs = "-" if delta is None or row.method.runner == "float" else f"{delta:+.1f}%"
-        cells = [row.scheme, row.method.label, f"{r['ppl']:.3f}", vs, fmt(r.get("quant_seconds"), ".1f"),
-                 fmt(r.get("quant_cpu_seconds"), ".1f"), fmt(r.get("peak_rss_mb", r.get("load_rss_mb")), ".0f"),
+        agree = r.get("agreement")
+        cells = [row.scheme, row.method.label, f"{r['ppl']:.3f}", vs,
+                 "-" if agree is None else f"{agree * 100:.1f}%", fmt(r.get("quant_seconds"), ".1f"),
+                 fmt(r.get("quant_cpu_seconds"), ".1f"), fmt(r.get("load_rss_mb"), ".0f"),
+                 fmt(r.get("peak_rss_mb") if r.get("peak_reset") else None, ".0f"),
                  fmt(r.get("mean_output_rel_error"), ".4f")]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"calibration: {meta['calib']}; evaluation: {meta['eval']}")
+    lines.append(f"calibration: {meta['calib']}; evaluation: {meta['eval']}; top-1 agreement: teacher-forced "
+                 "argmax equal to the float32 model's at every position of the evaluation windows; quantise peak: highest RSS "
+                 "while quantising, the float32 model included (the peak is reset after loading)")
     return "\n".join(lines)
 
 
@@ -188,17 +204,19 @@ def main(argv=None) -> None:
     model_path = str(embedded_model_dir())
     tok = AutoTokenizer.from_pretrained(model_path)
     t = time.perf_counter()
-    model = load_model(model_path) if a.calib == "self" else None
+    model = load_model(model_path)
     calib = load_calibration(spec=a.calib, tokenizer=tok, num_samples=a.samples, seq_len=a.seq_len, seed=0,
-                             model=model)
-    del model
+                             model=model if a.calib == "self" else None)
     windows = load_eval_windows(a.eval, tok, seq_len=a.eval_seq_len, max_windows=a.max_windows)
+    # the float model's greedy tokens on the evaluation windows, which every row's agreement is counted against
+    ref_top1 = score(model, list(windows))["top1"]
+    del model
     meta = {"calib": f"{a.calib}, {len(calib)} x {a.seq_len} tokens (made in {time.perf_counter() - t:.0f} s)",
             "eval": f"{Path(a.eval).name}, {len(windows)} windows x {a.eval_seq_len} tokens"}
     results = []
     with tempfile.TemporaryDirectory(prefix="quantkit-bench-") as workdir:
         tokens_path = os.path.join(workdir, "tokens.pt")
-        torch.save({"calib": list(calib.samples), "eval": list(windows)}, tokens_path)
+        torch.save({"calib": list(calib.samples), "eval": list(windows), "ref_top1": ref_top1}, tokens_path)
         for row in rows(a.only):
             r = spawn(row, model_path, tokens_path, workdir, a.llmcompressor_python, a.threads)
             print(f"{row.label}: {json.dumps(r)}", file=sys.stderr, flush=True)

@@ -76,7 +76,8 @@ def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
     if scheme.is_fp8:
         from .solvers.fp8 import solver_class
 
-        return solver_class(scheme)  # fp8-dynamic weights need no calibration; static input scales do
+        # fp8-dynamic weights by rounding need no calibration; static input scales and GPTQ do
+        return solver_class(scheme, method)
     if method in ("gptq", "awq+gptq"):
         from .solvers.gptq import GPTQSolver
 

@@ -15,21 +15,52 @@ from ..schemes import Scheme
 from .base import LinearSolver
 
 
-def fp8_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = torch.float16) -> QWeight:
-    """QWeight with float8_e4m3fn codes; scale [1] (strategy 'tensor') or [out, 1] (per channel)."""
-    w = w.float()
+def fp8_weight_scale(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = torch.float16) -> torch.Tensor:
+    """The absmax weight scale: [1] (strategy 'tensor') or [out, 1] (per channel), never zero."""
+    w = w.detach().float()
     if scheme.strategy == "tensor":
         amax = w.abs().amax().reshape(1)
     elif scheme.strategy == "channel":
         amax = w.abs().amax(dim=1, keepdim=True)
     else:
         raise ValueError(f"FP8 weights support the 'tensor' and 'channel' strategies, not '{scheme.strategy}'")
-    scale = e4m3.scale_for(amax, dtype=scale_dtype)
-    q = e4m3.quantize(w, scale if scale.numel() == 1 else scale.reshape(-1, 1))
+    return e4m3.scale_for(amax, dtype=scale_dtype)
+
+
+def fp8_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = torch.float16) -> QWeight:
+    """QWeight with float8_e4m3fn codes; scale [1] (strategy 'tensor') or [out, 1] (per channel)."""
+    w = w.float()
+    scale = fp8_weight_scale(w, scheme, scale_dtype)
+    q = e4m3.quantize(w, scale)
     qw = QWeight(scheme=scheme, q=q, scale=scale)
     deq = qw.dequantize()
     qw.stats["weight_rel_error"] = ((deq - w).norm() / w.norm().clamp_min(1e-12)).item()
     return qw
+
+
+class InputAmax:
+    """Running absmax of a Linear's calibration inputs, for the static FP8 input scale."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.amax = torch.zeros(())
+        self.tokens = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1, x.shape[-1])
+        if not torch.isfinite(x).all():
+            raise UserError(f"NaN or Inf in the calibration inputs of {self.name}; load the model in float32 "
+                            "(--dtype float32) or check the source weights")
+        self.amax = torch.maximum(self.amax, x.abs().amax().float().cpu())
+        self.tokens += x.shape[0]
+
+    def attach(self, qw: QWeight, scale_dtype: torch.dtype) -> None:
+        if self.tokens == 0:
+            raise UserError(f"{self.name} saw no calibration tokens, so it has no static FP8 input scale; "
+                            "leave it in --ignore or use the fp8-dynamic scheme")
+        qw.input_scale = e4m3.scale_for(self.amax.reshape(1), dtype=scale_dtype)
+        qw.stats["input_amax"] = float(self.amax)
+        qw.stats["calib_tokens"] = self.tokens
 
 
 class FP8Solver(LinearSolver):
@@ -44,29 +75,17 @@ class FP8Solver(LinearSolver):
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)
         self.needs_data = scheme.activations == "static"
-        self.input_amax = torch.zeros(())
-        self.tokens = 0
+        self.inputs = InputAmax(name)
 
     def add_batch(self, x: torch.Tensor) -> None:
-        if not self.needs_data:
-            return
-        x = x.detach().reshape(-1, x.shape[-1])
-        if not torch.isfinite(x).all():
-            raise UserError(f"NaN or Inf in the calibration inputs of {self.name}; load the model in float32 "
-                            "(--dtype float32) or check the source weights")
-        self.input_amax = torch.maximum(self.input_amax, x.abs().amax().float().cpu())
-        self.tokens += x.shape[0]
+        if self.needs_data:
+            self.inputs.add(x)
 
     def solve(self) -> QWeight:
         scale_dtype = self.options.get("scale_dtype", torch.float16)
         qw = fp8_quantize(self.weight, self.scheme, scale_dtype)
         if self.scheme.activations == "static":
-            if self.tokens == 0:
-                raise UserError(f"{self.name} saw no calibration tokens, so it has no static FP8 input scale; "
-                                "leave it in --ignore or use the fp8-dynamic scheme")
-            qw.input_scale = e4m3.scale_for(self.input_amax.reshape(1), dtype=scale_dtype)
-            qw.stats["input_amax"] = float(self.input_amax)
-            qw.stats["calib_tokens"] = self.tokens
+            self.inputs.attach(qw, scale_dtype)
         return qw
 
 
@@ -77,5 +96,9 @@ class FP8DynamicSolver(FP8Solver):
     needs_data = False
 
 
-def solver_class(scheme: Scheme) -> type[FP8Solver]:
+def solver_class(scheme: Scheme, method: str = "rtn") -> type[LinearSolver]:
+    if method in ("gptq", "awq+gptq"):
+        from .fp8_gptq import FP8GPTQSolver
+
+        return FP8GPTQSolver
     return FP8Solver if scheme.activations == "static" else FP8DynamicSolver

@@ -24,7 +24,9 @@ import torch
 from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
+from .. import e4m3
 from .base import LinearSolver
+from .fp8 import fp8_weight_scale
 from .rtn import dequantize_groups, quantize_groups, rtn_quantize
 
 log = logging.getLogger(__name__)
@@ -108,12 +110,12 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
     """
     t0 = time.perf_counter()
     actorder = normalise_actorder(actorder)
-    if scheme.is_fp8:
-        raise UserError(f"layer '{name}': gptq solves integer schemes, not fp8; use method rtn for fp8 schemes")
     if block_size < 1:
         raise UserError(f"block_size must be at least 1, got {block_size}")
     out, n = w.shape
-    gs = n if scheme.group_size == -1 else scheme.group_size
+    fp8 = scheme.is_fp8
+    # FP8 has one scale per tensor or per output row, so it is a single group whose scale is fixed up front
+    gs = n if scheme.group_size == -1 or fp8 else scheme.group_size
     if n % gs:
         raise UserError(f"layer '{name}': in_features {n} is not divisible by group size {gs}; choose a group size "
                         f"that divides it or -1 (per channel)")
@@ -137,10 +139,13 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
 
     groups = n // gs
     diag = H.diagonal().clone()
-    static = actorder == "weight" and static_groups
+    static = fp8 or (actorder == "weight" and static_groups)
     scale = torch.zeros(out, groups, device=W.device)
-    zero = None if scheme.symmetric else torch.zeros(out, groups, device=W.device)
-    if static:
+    zero = None if scheme.symmetric or fp8 else torch.zeros(out, groups, device=W.device)
+    if fp8:
+        fp8_scale = fp8_weight_scale(W, scheme, scale_dtype)  # [1] or [out, 1], as RTN's fp8 would choose
+        scale = fp8_scale.reshape(-1, 1).expand(out, 1).clone()
+    elif static:
         scale, zero = _group_params(W, scheme, scale_dtype, clip_search, diag)
 
     perm = torch.arange(n, device=W.device)
@@ -161,8 +166,13 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
                f"this layer falls back to RTN")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.warning(msg)
-        qw = rtn_quantize(w0, scheme, clip_search=clip_search, scale_dtype=scale_dtype)
-        qw.scheme = replace(scheme, actorder=None)
+        if fp8:
+            from .fp8 import fp8_quantize
+
+            qw = fp8_quantize(w0, scheme, scale_dtype)
+        else:
+            qw = rtn_quantize(w0, scheme, clip_search=clip_search, scale_dtype=scale_dtype)
+            qw.scheme = replace(scheme, actorder=None)
         deq = qw.dequantize()
         qw.stats.update(fallback="rtn", damp=None, dead_channels=n_dead, actorder=None,
                         output_rel_error=_relative_output_error(w0, deq, H0),
@@ -209,9 +219,12 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
             s = scale_t[g]
             z = None if zero_t is None else zero_t[g]
             row = W1[i]
-            qc = quantize_groups(row.unsqueeze(1), s, z, scheme)
-            dq = dequantize_groups(qc, s, z)[:, 0]
-            codes_t[i1 + i] = qc[:, 0]
+            if fp8:
+                dq = e4m3.fake_quantize(row, s)  # the codes are recovered from deq at the end, exactly
+            else:
+                qc = quantize_groups(row.unsqueeze(1), s, z, scheme)
+                dq = dequantize_groups(qc, s, z)[:, 0]
+                codes_t[i1 + i] = qc[:, 0]
             deq_t[i1 + i] = dq
             err = (row - dq).div_(U1[i, i])
             E1[i] = err
@@ -237,6 +250,9 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
         "fallback": None,
         "seconds": time.perf_counter() - t0,
     }
+    if fp8:
+        # deq / scale is an e4m3 value by construction, so quantising it again is exact
+        return QWeight(scheme=scheme, q=e4m3.quantize(deq, fp8_scale), scale=fp8_scale, stats=stats)
     return QWeight(scheme=out_scheme, q=codes.to(torch.int8), scale=scale,
                    zero=None if zero is None else zero.to(torch.int8), g_idx=g_idx, stats=stats)
 
