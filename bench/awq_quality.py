@@ -7,8 +7,7 @@
 The same inputs as bench/quality.py (calibration: 32 samples x 256 tokens, by default sampled from the model
 itself; evaluation: bench/data/eval_prose.txt in 16 windows of 512 tokens) and the same scoring code
 (quality_common.py), so the rows can be merged into that table. Rows run one after another in this process on
-copies of the float32 model. --search-tokens sets AWQ's alpha-search token budget (quantkit.solvers.awq
-.SEARCH_TOKENS), which is the main cost of AWQ on a CPU.
+copies of the float32 model. --search-tokens sets AWQ's alpha-search token budget (recipe quant.awq.search_tokens), which is the main cost of AWQ on a CPU.
 """
 from __future__ import annotations
 
@@ -77,9 +76,8 @@ def main(argv=None) -> None:
         model = copy.deepcopy(base)
         secs = alpha = clip = None
         if method:
-            if budget:
-                awq.SEARCH_TOKENS = budget
-            recipe = apply_overrides(Recipe(), {**W4G64, "quant.method": method, "quant.awq.duo": duo})
+            recipe = apply_overrides(Recipe(), {**W4G64, "quant.method": method, "quant.awq.duo": duo,
+                                                "quant.awq.search_tokens": budget})
             t = time.perf_counter()
             res = quantize_model(model, recipe, calib.samples)
             secs = time.perf_counter() - t

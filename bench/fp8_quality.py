@@ -13,6 +13,7 @@ times the real FP8 matmuls on a GPU).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 import tempfile
@@ -42,6 +43,11 @@ ROWS: dict[str, tuple[dict | None, bool]] = {
     "fp8-dynamic GPTQ (channel W, token A)": ({"scheme": "fp8-dynamic", "method": "gptq"}, False),
     "fp8-dynamic GPTQ + FP8 KV": ({"scheme": "fp8-dynamic", "method": "gptq"}, True),
 }
+# The weight half of each fp8 row's error: the same checkpoint with its activations left unquantised
+# (FP8Linear.quantize_input passed through); the rest of the row's error is the activations'.
+WEIGHTS_ONLY = " [weights only]"
+for _label in [lb for lb, (q, kv) in ROWS.items() if q and q["scheme"].startswith("fp8") and not kv]:
+    ROWS[_label + WEIGHTS_ONLY] = ROWS[_label]
 
 
 @torch.no_grad()
@@ -61,6 +67,19 @@ def perplexity(model, windows, fp8_kv: bool) -> tuple[float, float | None]:
         kv_bytes += sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
         kv_tokens += ids.shape[1]
     return math.exp(nll / count), kv_bytes / kv_tokens
+
+
+@contextlib.contextmanager
+def activations_unquantised(active: bool):
+    from quantkit.nn_fp8 import FP8Linear
+
+    original = FP8Linear.quantize_input
+    if active:
+        FP8Linear.quantize_input = lambda self, x: (x, torch.ones(1))
+    try:
+        yield
+    finally:
+        FP8Linear.quantize_input = original
 
 
 def build(label: str, model_path: str, calib, workdir: str):
@@ -99,7 +118,9 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-seq-len", type=int, default=512)
     ap.add_argument("--max-windows", type=int, default=8)
     ap.add_argument("--only", help="rows whose label contains this (case-insensitive); '|' separates several")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steady timings on a shared machine)")
     a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
 
     from transformers import AutoTokenizer
 
@@ -117,7 +138,8 @@ def main(argv=None) -> None:
         for label in labels:
             model, seconds = build(label, model_path, calib, workdir)
             t = time.perf_counter()
-            ppl, kv_per_token = perplexity(model, windows, ROWS[label][1])
+            with activations_unquantised(label.endswith(WEIGHTS_ONLY)):
+                ppl, kv_per_token = perplexity(model, windows, ROWS[label][1])
             results[label] = (ppl, kv_per_token, seconds, time.perf_counter() - t)
             print(f"{label}: ppl {ppl:.4f}, KV {kv_per_token:.0f} B/token", file=sys.stderr, flush=True)
             del model

@@ -52,6 +52,8 @@ class AWQOptions(_Strict):
     grid: int = Field(20, ge=2, description="Points of the alpha grid in [0, 1].")
     duo: bool = Field(False, description="Use s = mean|x|^a / mean|w|^(1-a) instead of mean|x|^a.")
     clip: bool = Field(True, description="Per-group clip search after scaling.")
+    search_tokens: int = Field(2048, ge=1, description="Calibration tokens (whole samples, at least one) the "
+                                                      "alpha search runs through each block; the main cost of AWQ.")
     fallback: Literal["error", "rtn"] = Field(
         "error", description="What to do with an architecture that has no AWQ map.")
 

@@ -35,6 +35,22 @@ def _run(recipe, quiet: bool, as_json: bool) -> None:
                       f"{err:.4f}, {summary['seconds']} s" if err is not None else f"[green]wrote[/] {summary['output']}")
 
 
+# quantize's options -> the recipe fields they set; tests/test_cli_recipe_parity.py checks that every recipe
+# knob is here (or in its short list of fields a flag cannot express) and that each name is a real option
+FLAG_FIELDS = {
+    "model": "model", "output": "output", "overwrite": "overwrite", "dtype": "dtype", "device": "device",
+    "scheme": "quant.scheme", "method": "quant.method", "group_size": "quant.group_size", "sym": "quant.symmetric",
+    "ignore": "quant.ignore", "clip_search": "quant.clip_search", "kv_cache": "quant.kv_cache",
+    "damp": "quant.gptq.damp", "block_size": "quant.gptq.block_size", "actorder": "quant.gptq.actorder",
+    "static_groups": "quant.gptq.static_groups",
+    "awq_grid": "quant.awq.grid", "awq_duo": "quant.awq.duo", "awq_clip": "quant.awq.clip",
+    "awq_search_tokens": "quant.awq.search_tokens", "awq_fallback": "quant.awq.fallback",
+    "calib": "calibration.spec", "num_samples": "calibration.num_samples", "seq_len": "calibration.seq_len",
+    "seed": "calibration.seed", "calib_cut": "calibration.cut", "text_field": "calibration.text_field",
+    "min_tokens": "calibration.min_tokens",
+}
+
+
 @app.command("quantize")
 def quantize(
     model: Optional[str] = typer.Argument(None, help="Hugging Face folder or hub id; omit for the embedded SmolLM2-135M."),
@@ -49,8 +65,11 @@ def quantize(
     damp: Optional[float] = typer.Option(None, help="GPTQ dampening, fraction of mean Hessian diagonal (0.01)."),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="GPTQ lazy-update block (128)."),
     actorder: Optional[str] = typer.Option(None, help="GPTQ act-order: off, weight or group."),
+    static_groups: Optional[bool] = typer.Option(None, "--static-groups/--no-static-groups", help="GPTQ act-order weight: group scales from the original weights (default) or as updated."),
     awq_grid: Optional[int] = typer.Option(None, "--awq-grid", help="AWQ alpha grid points (20)."),
     awq_duo: Optional[bool] = typer.Option(None, "--awq-duo/--no-awq-duo", help="AWQ duo scaling form."),
+    awq_clip: Optional[bool] = typer.Option(None, "--awq-clip/--no-awq-clip", help="AWQ per-group clip search after scaling (on)."),
+    awq_search_tokens: Optional[int] = typer.Option(None, "--awq-search-tokens", help="Calibration tokens AWQ's alpha search runs per layer (2048)."),
     awq_fallback: Optional[str] = typer.Option(None, "--awq-fallback", help="error or rtn, for unmapped architectures."),
     kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: calibrate an FP8 KV cache."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: dataset name, file, folder or 'self'."),
@@ -73,16 +92,11 @@ def quantize(
     from ..recipe import Recipe, apply_overrides, load_recipe
 
     base = load_recipe(recipe) if recipe else Recipe()
-    r = apply_overrides(base, {
-        "model": model, "output": output, "overwrite": overwrite or None, "dtype": dtype, "device": device,
-        "quant.scheme": scheme, "quant.method": method, "quant.group_size": group_size, "quant.symmetric": sym,
-        "quant.ignore": list(ignore) if ignore else None, "quant.clip_search": clip_search, "quant.kv_cache": kv_cache,
-        "quant.gptq.damp": damp, "quant.gptq.block_size": block_size, "quant.gptq.actorder": actorder,
-        "quant.awq.grid": awq_grid, "quant.awq.duo": awq_duo, "quant.awq.fallback": awq_fallback,
-        "calibration.spec": calib, "calibration.num_samples": num_samples, "calibration.seq_len": seq_len,
-        "calibration.seed": seed, "calibration.cut": calib_cut, "calibration.text_field": text_field,
-        "calibration.min_tokens": min_tokens,
-    })
+    given = dict(locals())
+    values = {field: given[flag] for flag, field in FLAG_FIELDS.items()}
+    values["overwrite"] = overwrite or None  # a plain switch: absent means "as the recipe says"
+    values["quant.ignore"] = list(ignore) if ignore else None
+    r = apply_overrides(base, values)
     _run(r, quiet, as_json)
 
 
