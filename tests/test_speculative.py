@@ -138,6 +138,15 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     ids = torch.tensor([5, 6, 7, 8, 9, 1, 2, 6, 7])
     draft, q = d.propose(ids, 3, SamplingParams(), None)
     assert draft == [8, 9, 1] and q is None
+    # the longest n-gram wins over a shorter one that occurs later
+    assert d.propose(torch.tensor([1, 2, 3, 4, 9, 3, 5, 2, 3]), 2, SamplingParams(), None)[0] == [4, 9]
+    # of two occurrences the earliest with k tokens after it wins (the source being copied, not the copy)...
+    ids = torch.tensor([4, 5, 6, 7, 8, 9, 0, 4, 5, 6, 3, 4, 5])
+    assert d.propose(ids, 3, SamplingParams(), None)[0] == [6, 7, 8]
+    # ...and where none has k after it, the latest occurrence gives what it has
+    assert d.propose(torch.tensor([7, 1, 2, 8, 1, 2]), 3, SamplingParams(), None)[0] == [8, 1, 2]
+    assert d.propose(torch.tensor([1, 2, 9, 1, 2]), 3, SamplingParams(), None)[0] == [9, 1, 2]
+    assert d.propose(torch.tensor([9, 1, 2, 1, 2]), 3, SamplingParams(), None)[0] == [1, 2]
     assert d.propose(torch.tensor([1, 2, 3, 4]), 3, SamplingParams(), None)[0] == []
     with pytest.raises(UserError):
         PromptLookupDrafter(0)

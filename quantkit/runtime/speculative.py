@@ -51,9 +51,12 @@ def accept(p: torch.Tensor, q: torch.Tensor | None, draft: list[int], generator:
 
 
 class PromptLookupDrafter:
-    """Propose the tokens that followed the latest earlier occurrence of the context's last n-gram.
+    """Propose the tokens that followed an earlier occurrence of the context's last n-gram.
 
-    Tries n = max_ngram down to 1; no model, no cache, q is one-hot (deterministic draft).
+    Tries n = max_ngram down to 1. Among the occurrences of an n-gram, the earliest one with k tokens after it
+    wins (the latest occurrence otherwise): in an edit the source text sits in the prompt, before any copy of
+    it the answer has made, and a match inside the answer's own recent tokens has too little after it to fill
+    a draft. No model, no cache, q is one-hot (deterministic draft).
     """
 
     deterministic = True
@@ -68,12 +71,11 @@ class PromptLookupDrafter:
         for n in range(min(self.max_ngram, L - 1), 0, -1):
             tail = ids[L - n:]
             windows = ids[: L - 1].unfold(0, n, 1)  # windows ending before the tail's own position
-            hits = (windows == tail).all(-1).nonzero()
+            hits = (windows == tail).all(-1).nonzero().flatten()
             if hits.numel():
-                start = int(hits[-1]) + n
-                cont = ids[start: start + k].tolist()
-                if cont:
-                    return cont, None
+                full = hits[hits + n + k <= L]
+                start = int(full[0] if full.numel() else hits[-1]) + n
+                return ids[start: start + k].tolist(), None
         return [], None
 
     def rollback(self, valid_len: int) -> None:
