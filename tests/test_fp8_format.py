@@ -12,7 +12,7 @@ from quantkit import e4m3
 from quantkit.errors import UserError
 from quantkit.nn_fp8 import FP8Linear
 from quantkit.schemes import get_scheme
-from quantkit.solvers.fp8 import FP8Solver, fp8_quantize
+from quantkit.solvers.fp8 import INPUT_MARGIN, FP8Solver, fp8_quantize
 
 
 def e4m3_table() -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,7 +127,8 @@ def test_static_solver_takes_input_scale_from_calibration_absmax():
         s.add_batch(b)
     qw = s.solve()
     amax = max(b.abs().max() for b in batches)
-    assert torch.equal(qw.input_scale, (amax / 448).to(torch.bfloat16).float().reshape(1))
+    assert torch.equal(qw.input_scale, (amax * INPUT_MARGIN / 448).to(torch.bfloat16).float().reshape(1))
+    assert INPUT_MARGIN == 2.0
     assert qw.stats["calib_tokens"] == 30
 
 
