@@ -57,6 +57,8 @@ def main():
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("-k", type=int, default=4)
     ap.add_argument("--ngram", type=int, default=3)
+    ap.add_argument("--lookup-k", type=int, default=8,
+                    help="also run prompt lookup with this many drafted tokens (a free draft can afford more)")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     a = ap.parse_args()
     if a.threads:
@@ -76,16 +78,20 @@ def main():
         for name in SETS:
             prompts = prompt_ids(tok, name, a.prompts)
             rows = [("quantkit, no speculation", run_ours(model, prompts, a.tokens, k, None, eos)),
-                    (f"quantkit, prompt lookup", run_ours(model, prompts, a.tokens, k,
-                                                          lambda: PromptLookupDrafter(a.ngram), eos)),
+                    (f"quantkit, prompt lookup k={k}", run_ours(model, prompts, a.tokens, k,
+                                                               lambda: PromptLookupDrafter(a.ngram), eos)),
+                    (f"quantkit, prompt lookup k={a.lookup_k}",
+                     run_ours(model, prompts, a.tokens, a.lookup_k, lambda: PromptLookupDrafter(a.ngram), eos)),
                     ("quantkit, self-w4 draft (fake-quant copy)",
                      run_ours(model, prompts, a.tokens, k, lambda: ModelDrafter(draft), eos))]
             if w4 is not None:
                 rows.append(("quantkit, W4 checkpoint draft",
                              run_ours(model, prompts, a.tokens, k, lambda: ModelDrafter(w4), eos)))
             rows += [("transformers generate", run_hf(model, prompts, a.tokens)),
-                     ("transformers prompt_lookup_num_tokens", run_hf(model, prompts, a.tokens,
-                                                                      prompt_lookup_num_tokens=k)),
+                     (f"transformers prompt_lookup_num_tokens={k}", run_hf(model, prompts, a.tokens,
+                                                                           prompt_lookup_num_tokens=k)),
+                     (f"transformers prompt_lookup_num_tokens={a.lookup_k}",
+                      run_hf(model, prompts, a.tokens, prompt_lookup_num_tokens=a.lookup_k)),
                      ("transformers assistant_model (self-w4)", run_hf(model, prompts, a.tokens,
                                                                        assistant_model=draft))]
             base_speed, _, base_out = rows[0][1]
