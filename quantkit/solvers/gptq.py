@@ -198,7 +198,7 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
     del W
     scale_t = scale.t().contiguous()
     zero_t = None if zero is None else zero.t().contiguous()
-    codes_t = torch.empty(n, out, device=Wt.device)
+    codes_t = None if fp8 else torch.empty(n, out, device=Wt.device)
     deq_t = torch.empty(n, out, device=Wt.device)
     err_sq = torch.zeros((), dtype=torch.float64, device=Wt.device)
     for i1 in range(0, n, block_size):
@@ -234,7 +234,7 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
         if i2 < n:
             Wt[i2:].addmm_(U[i1:i2, i2:].t(), E1, alpha=-1)
 
-    codes = codes_t[inv].t()
+    codes = None if fp8 else codes_t[inv].t()
     deq = deq_t[inv].t()
     scale = scale_t.t().contiguous()
     zero = None if zero_t is None else zero_t.t()
