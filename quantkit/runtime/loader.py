@@ -61,8 +61,9 @@ def _quant_module(linear: nn.Linear, group: dict, name: str, tensors: dict, dtyp
 def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None = None,
          cpu_fast: bool = False) -> nn.Module:
     """cpu_fast: on CPU, run quantised layers through torch's packed int4/int8 ops with bf16 activations
-    whatever the model dtype (the runtime's choice: much faster, ~1e-3 relative difference in logits); the
-    default keeps the model's dtype exactly (dequantise + matmul)."""
+    whatever the model dtype, and a float32 output head as a float16 copy (half_head.py): the runtime's choice,
+    much faster, ~1e-3 relative difference in logits. The default keeps the model's dtype exactly (dequantise +
+    matmul)."""
     from accelerate import init_empty_weights
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -108,8 +109,14 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     from ..kernels import dispatch
     from ..nn import QuantLinear
 
+    quantised = False
     for m in model.modules():
         if isinstance(m, QuantLinear):
             m.cpu_bf16_activations = cpu_fast
             dispatch.prepare(m)
+            quantised = True
+    if cpu_fast and quantised:
+        from .half_head import use_half_head
+
+        use_half_head(model)
     return model

@@ -1,0 +1,44 @@
+"""A float16 copy of a float32 output head, for decoding quantised checkpoints on a CPU.
+
+The head is usually left in float (`ignore: [lm_head]`), so in a W4 checkpoint it is most of what a decode
+step reads: SmolLM2-135M's 49152 x 576 float32 head is 113 MB of 173 MB per token. Read in float16 it is half
+that, and torch's CPU float16 GEMV runs it ~3x faster (3.3 ms vs 9.6 ms on one core here). float16 keeps 11
+significant bits: the logits move by ~3e-4 relative, less than the bf16 activations the packed int4 layers of
+the same fast path already take. A tied embedding keeps its float32 table for the lookups; the copy costs half
+the head's bytes in memory once.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# Beyond this the float16 copy could overflow (max 65504); such a head stays as it is.
+SAFE_ABSMAX = 1e4
+
+
+class HalfHead(nn.Module):
+    def __init__(self, head: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = head.in_features, head.out_features
+        self.out_dtype = head.weight.dtype
+        self.register_buffer("weight", head.weight.detach().to(torch.float16).clone())
+        self.register_buffer("bias", None if head.bias is None else head.bias.detach().to(torch.float16).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = nn.functional.linear(x.to(torch.float16), self.weight, self.bias)
+        return y.to(self.out_dtype)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, float16 copy"
+
+
+def use_half_head(model) -> bool:
+    """Swap a float32 CPU output head for a HalfHead; False (nothing changed) where it does not apply."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or type(head) is not nn.Linear:
+        return False
+    w = head.weight
+    if w.device.type != "cpu" or w.dtype != torch.float32 or float(w.detach().abs().max()) > SAFE_ABSMAX:
+        return False
+    model.set_output_embeddings(HalfHead(head))
+    return True
