@@ -147,6 +147,11 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram():
     assert d.propose(torch.tensor([7, 1, 2, 8, 1, 2]), 3, SamplingParams(), None)[0] == [8, 1, 2]
     assert d.propose(torch.tensor([1, 2, 9, 1, 2]), 3, SamplingParams(), None)[0] == [9, 1, 2]
     assert d.propose(torch.tensor([9, 1, 2, 1, 2]), 3, SamplingParams(), None)[0] == [1, 2]
+    # a lone matching token drafts nothing unless one-token matches are asked for (or the maximum is 1)
+    ids = torch.tensor([4, 8, 9, 3, 5, 4])
+    assert d.propose(ids, 2, SamplingParams(), None)[0] == []
+    assert PromptLookupDrafter(3, min_ngram=1).propose(ids, 2, SamplingParams(), None)[0] == [8, 9]
+    assert PromptLookupDrafter(1).propose(ids, 2, SamplingParams(), None)[0] == [8, 9]
     assert d.propose(torch.tensor([1, 2, 3, 4]), 3, SamplingParams(), None)[0] == []
     with pytest.raises(UserError):
         PromptLookupDrafter(0)

@@ -21,7 +21,7 @@ def generate_cmd(
     seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed"),
     stop: list[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
     draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, or 'self-w4' (the target's own W4 RTN quantisation)"),
-    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by n-gram prompt lookup with this n"),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by prompt lookup: match the last N down to 2 tokens (N=1: single tokens)"),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),

@@ -16,7 +16,7 @@ def serve_cmd(
     port: int = typer.Option(8000, "--port", help="TCP port"),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="name clients send as 'model' (default: the folder name)"),
     draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, or 'self-w4'"),
-    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by n-gram prompt lookup with this n"),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by prompt lookup: match the last N down to 2 tokens (N=1: single tokens)"),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
     spec_max_batch: int = typer.Option(8, "--spec-max-batch", help="speculate only while at most this many requests are active"),
     max_batch: int = typer.Option(64, "--max-batch", help="requests decoded at the same time"),

@@ -53,22 +53,25 @@ def accept(p: torch.Tensor, q: torch.Tensor | None, draft: list[int], generator:
 class PromptLookupDrafter:
     """Propose the tokens that followed an earlier occurrence of the context's last n-gram.
 
-    Tries n = max_ngram down to 1. Among the occurrences of an n-gram, the earliest one with k tokens after it
-    wins (the latest occurrence otherwise): in an edit the source text sits in the prompt, before any copy of
-    it the answer has made, and a match inside the answer's own recent tokens has too little after it to fill
-    a draft. No model, no cache, q is one-hot (deterministic draft).
+    Tries n = max_ngram down to min_ngram. Among the occurrences of an n-gram, the earliest one with k tokens
+    after it wins (the latest occurrence otherwise): in an edit the source text sits in the prompt, before any
+    copy of it the answer has made, and a match inside the answer's own recent tokens has too little after it
+    to fill a draft. A single matching token is weak evidence: in open prose almost every token has occurred
+    before, and each such draft costs a k+1-row verify that is then rejected, so one-token matches are used only
+    when asked for (min_ngram=1). No model, no cache, q is one-hot (deterministic draft).
     """
 
     deterministic = True
 
-    def __init__(self, max_ngram: int = 3):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 2):
         if max_ngram < 1:
             raise UserError(f"--prompt-lookup needs an n-gram size of at least 1, got {max_ngram}")
         self.max_ngram = max_ngram
+        self.min_ngram = max(1, min(min_ngram, max_ngram))
 
     def propose(self, ids: torch.Tensor, k: int, params, generator) -> tuple[list[int], None]:
         L = ids.shape[0]
-        for n in range(min(self.max_ngram, L - 1), 0, -1):
+        for n in range(min(self.max_ngram, L - 1), self.min_ngram - 1, -1):
             tail = ids[L - n:]
             windows = ids[: L - 1].unfold(0, n, 1)  # windows ending before the tail's own position
             hits = (windows == tail).all(-1).nonzero().flatten()
