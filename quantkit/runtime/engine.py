@@ -34,7 +34,7 @@ class Request:
 
 class Engine:
     def __init__(self, model, tokenizer, *, drafter_factory=None, num_speculative_tokens: int = 4,
-                 max_active: int = 64, max_queue: int = 256, spec_max_batch: int = 8, keep_details: int = 256,
+                 max_active: int = 64, max_queue: int = 256, spec_max_batch: int = 64, keep_details: int = 256,
                  kv_cache: str = "auto"):
         self.model = model
         self.tokenizer = tokenizer
@@ -91,7 +91,9 @@ class Engine:
             self._admit()
             if self._stop:
                 return
-            # Drafting costs extra forwards; with many sequences sharing the CPU it stops paying (see docs).
+            # Each request runs its own forward here, so a draft costs the same at any batch size and kept
+            # paying up to 16 concurrent requests (bench/spec_batch.py, docs/benchmarks.md): the limit defaults
+            # to the batch size. A batched forward would make verify rows compete and want a lower one.
             speculate = len(self._active) <= self.spec_max_batch
             still = []
             for req in self._active:

@@ -1,0 +1,60 @@
+"""The engine speculates only while at most spec_max_batch requests are active (`--spec-max-batch`)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from quantkit.runtime.engine import Engine
+from quantkit.runtime.generate import generate
+from quantkit.runtime.sampling import SamplingParams
+from quantkit.runtime.speculative import PromptLookupDrafter
+from quantkit.runtime.tiny import single_thread, tiny_llama
+
+
+class _Tok:
+    """The engine only needs decode() from a tokenizer here (no stop strings)."""
+
+    eos_token_id = None
+
+    def decode(self, ids, **kw):
+        return " ".join(map(str, ids))
+
+
+def _prompts(n):
+    g = torch.Generator().manual_seed(9)
+    out = []
+    for _ in range(n):
+        chunk = torch.randint(1, 64, (10,), generator=g).tolist()
+        out.append(chunk + [5] + chunk + chunk[:2])  # repeats, so prompt lookup has something to propose
+    return out
+
+
+def _run(model, prompts, spec_max_batch):
+    engine = Engine(model, _Tok(), drafter_factory=lambda: PromptLookupDrafter(3, min_ngram=1),
+                    num_speculative_tokens=4, spec_max_batch=spec_max_batch, max_active=8)
+    left = threading.Semaphore(0)
+    reqs = []
+    # queue every request before the decode loop can admit any, so they are all active from the first step
+    with engine._cv:
+        for ids in prompts:
+            seq = engine.new_sequence(ids, SamplingParams(max_tokens=24, ignore_eos=True))
+            reqs.append(engine.submit(seq, lambda kind, _p: kind in ("done", "error") and left.release()))
+    for _ in prompts:
+        assert left.acquire(timeout=120)
+    engine.close()
+    return [r.seq for r in reqs]
+
+
+@pytest.mark.parametrize("limit,speculates", [(3, True), (2, False)])
+def test_speculation_stops_above_the_limit_and_output_is_unchanged(limit, speculates):
+    model = tiny_llama(vocab_size=64, seed=3)
+    prompts = _prompts(3)
+    with single_thread():
+        seqs = _run(model, prompts, limit)
+        for ids, seq in zip(prompts, seqs):
+            assert seq.output_ids() == generate(model, ids, SamplingParams(max_tokens=24, ignore_eos=True)).output_ids()
+    spec_steps = sum(s.metrics.spec_steps for s in seqs)
+    # three requests of equal length stay active together to the end: with a limit of 2 no step may draft
+    assert (spec_steps > 0) is speculates
