@@ -71,6 +71,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--compile", action="store_true", help="also time each model with --compile (torch.compile)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -79,18 +80,26 @@ def main():
     bw, copy_bw = read_bandwidth(), copy_bandwidth()
     rows = []
     variants = [("float32", "embedded")] + ([("w4a16", a.w4)] if a.w4 else [])
+    if a.compile:
+        variants = [(n + c, p) for n, p in variants for c in ("", " --compile")]
     with torch.inference_mode():
         for name, path in variants:
             model = build.load_model(path, torch.float32)
-            ours(model, prompts[:1], 4)  # warm-up
-            wb = weight_bytes_per_token(model)
+            wb = weight_bytes_per_token(model)  # before compiling: the compiled forward holds the same tensors
+            if name.endswith("--compile"):
+                build.compile_decode(model)
+            ours(model, prompts[:1], 4)  # warm-up (and, compiled, the compilation)
             limit = bw / wb
             o = ours(model, prompts, a.tokens)
-            h_ours = hf(model, prompts, a.tokens)
+            if name.endswith("--compile"):
+                # transformers' side is the uncompiled row's (generate would only recompile for its own calls)
+                h, h_ours = rows[-1][4], None
+            else:
+                h_ours = hf(model, prompts, a.tokens)
+                plain = transformers_model(path)
+                h = hf(plain, prompts, a.tokens)
+                del plain
             del model
-            plain = transformers_model(path)
-            h = hf(plain, prompts, a.tokens)
-            del plain
             rows.append((name, wb / 1e6, limit, o, h, h_ours))
     print(f"torch threads: {torch.get_num_threads()}, read bandwidth {bw / 1e9:.1f} GB/s, copy bandwidth "
           f"(read + write) {copy_bw / 1e9:.1f} GB/s, {a.prompts} prompts x {a.tokens} tokens, greedy, decode only")
@@ -99,7 +108,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for name, mb, limit, o, h, h_ours in rows:
         print(f"| {name} | {mb:.0f} | {limit:.1f} | {o:.1f} | {100 * o / limit:.0f}% | {h:.1f} | {o / h:.2f}x | "
-              f"{h_ours:.1f} |")
+              f"{'-' if h_ours is None else format(h_ours, '.1f')} |")
 
 
 if __name__ == "__main__":

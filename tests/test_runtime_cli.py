@@ -56,3 +56,18 @@ def test_draft_with_another_vocabulary_is_refused(folder, tmp_path):
 def test_help_has_an_example(cmd):
     r = CliRunner().invoke(app, [cmd, "--help"])
     assert r.exit_code == 0 and "Example: quantkit " + cmd in r.output
+
+
+def test_generate_compile_gives_the_same_completion(folder, monkeypatch):
+    from quantkit.runtime import build
+
+    calls = []
+    real = build.compile_decode
+    monkeypatch.setattr(build, "compile_decode", lambda m: calls.append(m) or real(m))
+    args = ["generate", str(folder), "--prompt", "one two three one two three one", "--max-tokens", "6", "--json"]
+    with single_thread():
+        compiled = CliRunner().invoke(app, args + ["--compile"])
+        plain = CliRunner().invoke(app, args)
+    assert compiled.exit_code == 0, compiled.output
+    assert len(calls) == 1  # only the --compile run compiled, and it is the model that generated
+    assert json.loads(compiled.stdout)["completion"] == json.loads(plain.stdout)["completion"]

@@ -24,6 +24,7 @@ def serve_cmd(
     max_tokens_limit: Optional[int] = typer.Option(None, "--max-tokens-limit", help="largest max_tokens a request may ask (default: the context)"),
     kv_cache: str = typer.Option("auto", "--kv-cache", help="KV cache dtype: auto (model dtype) or fp8"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
+    compile_: bool = typer.Option(False, "--compile", help="torch.compile the decode step: faster per token after a slow first call (about a minute on a small CPU)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),
     compare: Optional[str] = typer.Option(None, "--compare", help="base model to compare with side by side in the playground at / (same tokenizer)"),
     as_json: bool = typer.Option(False, "--json", help="print the resolved settings as JSON before serving"),
@@ -54,6 +55,8 @@ def serve_cmd(
     model = build.load_model(path, dt)
     tok = build.load_tokenizer(path)
     make_drafter = build.drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt)
+    if compile_:  # after the drafter: a self-w4 draft copies the eager model
+        build.compile_decode(model)
     if kv_cache == "fp8":
         from ..runtime.kv_cache import new_cache
 
@@ -70,7 +73,7 @@ def serve_cmd(
         raise
     settings = {"model": name, "host": host, "port": port, "draft": draft, "prompt_lookup": prompt_lookup,
                 "num_speculative_tokens": num_speculative_tokens, "max_batch": max_batch, "max_queue": max_queue,
-                "compare": base.name if base else None}
+                "compare": base.name if base else None, "compile": compile_}
     if as_json:
         emit_json(settings)
     else:

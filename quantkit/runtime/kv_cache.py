@@ -34,6 +34,9 @@ def _cache_kw(model) -> str:
 
 def forward(model, ids: torch.Tensor, cache: DynamicCache, last_only: bool) -> torch.Tensor:
     """Logits [n, V] for the 1-D ids appended to the cache (only the last row when last_only)."""
-    out = model(input_ids=ids.unsqueeze(0), use_cache=True, logits_to_keep=1 if last_only else 0,
-                **{_cache_kw(model): cache})
+    step = getattr(model, "_quantkit_decode", None)  # build.compile_decode's compiled forward, if any
+    if step is None or cache.get_seq_length() == 0:
+        step = model
+    out = step(input_ids=ids.unsqueeze(0), use_cache=True, logits_to_keep=1 if last_only else 0,
+               **{_cache_kw(model): cache})
     return out.logits[0]
