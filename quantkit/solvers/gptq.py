@@ -7,9 +7,11 @@ update with the inverse Hessian downdated after each column, without ever downda
 lazily per block of columns (one matmul per block for the columns after it), which is what makes it fast.
 
 Grid and rounding come from rtn.py, so GPTQ and RTN quantise onto the same grid and the RTN fallback is the
-same code. Group scales are fixed when the group's first column comes up, from the group's weights as they are
-at that moment (already updated by earlier columns), except for act-order "weight" with static groups, whose
-scales come from the original weights so that column i keeps group i // group_size and no g_idx is needed.
+same code; FP8 schemes round onto the E4M3 grid with the absmax scale of solvers/fp8.py, fixed before the
+first column (solvers/fp8_gptq.py). Group scales are fixed when the group's first column comes up, from the
+group's weights as they are at that moment (already updated by earlier columns), except for act-order "weight"
+with static groups, whose scales come from the original weights so that column i keeps group i // group_size
+and no g_idx is needed.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from ..qweight import QWeight
 from ..schemes import Scheme
 from .. import e4m3
 from .base import LinearSolver
-from .fp8 import fp8_weight_scale
+from .fp8 import fp8_quantize, fp8_weight_scale
 from .rtn import dequantize_groups, quantize_groups, rtn_quantize
 
 log = logging.getLogger(__name__)
@@ -167,8 +169,6 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.warning(msg)
         if fp8:
-            from .fp8 import fp8_quantize
-
             qw = fp8_quantize(w0, scheme, scale_dtype)
         else:
             qw = rtn_quantize(w0, scheme, clip_search=clip_search, scale_dtype=scale_dtype)
