@@ -196,11 +196,9 @@ def quantize_model(model: nn.Module, recipe: Recipe, calib_samples: list[torch.T
                     prog, device, stream)
     for n in plan:  # Linears outside the decoder layers (e.g. an un-ignored lm_head): no activations kept
         if n not in in_layers:
-            from .solvers.rtn import RTNSolver
-
             solver = make(n)
-            if solver.needs_data and not plan[n].is_fp8:  # an fp8 solver must not fall back to integer RTN
-                solver = RTNSolver(n, solver.weight, plan[n], opts)
+            if solver.needs_data:  # rounding on the scheme's own grid (a static fp8 one still needs its inputs)
+                solver = solver_for("rtn", plan[n])(n, solver.weight, plan[n], opts)
             solve(n, solver)
     result.seconds = time.time() - t0
     for n, qw in result.qweights.items():

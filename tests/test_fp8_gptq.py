@@ -138,3 +138,26 @@ def test_checkpoint_round_trip_with_gptq(tmp_path, scheme):
     assert (scheme == "fp8") == (loaded.input_scale is not None)
     with torch.no_grad():
         assert torch.isfinite(ours(IDS).logits).all()
+
+
+@pytest.mark.parametrize("scheme", ["w4a16", "fp8-dynamic", "fp8"])
+def test_gptq_on_a_head_outside_the_decoder_layers_rounds_on_the_schemes_grid(scheme):
+    """An un-ignored lm_head sees no captured activations: it is rounded to nearest on its own grid, and a static
+    fp8 head, which would need its inputs for an input scale, is refused naming it."""
+    from quantkit.errors import UserError
+    from quantkit.quantize import quantize_model
+    from quantkit.solvers.rtn import rtn_quantize
+    from test_fp8_checkpoint import _samples
+
+    model = _model(seed=4)
+    head = model.lm_head.weight.detach().float().clone()
+    recipe = Recipe.model_validate({"quant": {"scheme": scheme, "method": "gptq", "ignore": [],
+                                              **({"group_size": 32} if scheme == "w4a16" else {})}})
+    if scheme == "fp8":
+        with pytest.raises(UserError, match="lm_head"):
+            quantize_model(model, recipe, _samples())
+        return
+    qw = quantize_model(model, recipe, _samples()).qweights["lm_head"]
+    want = fp8_quantize(head, get_scheme(scheme)) if scheme == "fp8-dynamic" else \
+        rtn_quantize(head, get_scheme(scheme).with_options(group_size=32))
+    assert torch.equal(qw.q.float(), want.q.float()) and torch.equal(qw.scale, want.scale)

@@ -12,7 +12,7 @@ import torch
 
 from ..qweight import QWeight
 from ..schemes import Scheme
-from .fp8 import InputAmax, fp8_quantize
+from .fp8 import InputAmax
 from .gptq import GPTQSolver
 
 
@@ -27,13 +27,7 @@ class FP8GPTQSolver(GPTQSolver):
             self.inputs.add(x)
 
     def solve(self) -> QWeight:
-        scale_dtype = self.options.get("scale_dtype", torch.float16)
-        if self.tokens == 0:
-            # GPTQSolver would fall back to integer RTN; the fp8 fallback is its absmax rounding
-            qw = fp8_quantize(self.weight, self.scheme, scale_dtype)
-            qw.stats.update(fallback="rtn", tokens=0)
-        else:
-            qw = super().solve()
+        qw = super().solve()
         if self.inputs is not None:
-            self.inputs.attach(qw, scale_dtype)
+            self.inputs.attach(qw, self.options.get("scale_dtype", torch.float16))
         return qw

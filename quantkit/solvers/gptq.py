@@ -93,6 +93,15 @@ def _output_error_from_updates(err_sq, damp_abs: float, w, deq, dead, H) -> floa
     return num / den
 
 
+def round_to_nearest(w: torch.Tensor, scheme: Scheme, clip_search: bool, scale_dtype) -> QWeight:
+    """GPTQ's fallback: the same grid without error compensation (absmax E4M3 for fp8, RTN otherwise)."""
+    if scheme.is_fp8:
+        return fp8_quantize(w, scheme, scale_dtype)
+    qw = rtn_quantize(w, scheme, clip_search=clip_search, scale_dtype=scale_dtype)
+    qw.scheme = replace(scheme, actorder=None)
+    return qw
+
+
 def _group_params(wg: torch.Tensor, scheme: Scheme, scale_dtype, clip_search: bool, importance: torch.Tensor):
     """scale [out, groups] and zero (float, or None) for wg's groups, on exactly RTN's grid."""
     qw = rtn_quantize(wg, scheme, clip_search=clip_search, importance=importance.clamp_min(0),
@@ -168,11 +177,7 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
                f"this layer falls back to RTN")
         warnings.warn(msg, RuntimeWarning, stacklevel=2)
         log.warning(msg)
-        if fp8:
-            qw = fp8_quantize(w0, scheme, scale_dtype)
-        else:
-            qw = rtn_quantize(w0, scheme, clip_search=clip_search, scale_dtype=scale_dtype)
-            qw.scheme = replace(scheme, actorder=None)
+        qw = round_to_nearest(w0, scheme, clip_search, scale_dtype)
         deq = qw.dequantize()
         qw.stats.update(fallback="rtn", damp=None, dead_channels=n_dead, actorder=None,
                         output_rel_error=_relative_output_error(w0, deq, H0),
@@ -304,9 +309,8 @@ class GPTQSolver(LinearSolver):
             msg = f"GPTQ on layer '{self.name}': no calibration tokens reached it; this layer falls back to RTN"
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
             log.warning(msg)
-            qw = rtn_quantize(self.weight, self.scheme, clip_search=o.get("clip_search", False),
-                              scale_dtype=o.get("scale_dtype", torch.float16))
-            qw.scheme = replace(self.scheme, actorder=None)
+            qw = round_to_nearest(self.weight, self.scheme, o.get("clip_search", False),
+                                  o.get("scale_dtype", torch.float16))
             qw.stats.update(fallback="rtn", tokens=0)
             return qw
         qw = gptq_quantize(self.weight, self.H, self.scheme, damp=o.get("damp", 0.01),
