@@ -61,3 +61,48 @@ def weight_bytes_per_token(model) -> int:
     if emb.data_ptr() != model.get_output_embeddings().weight.data_ptr():
         total -= emb.numel() * emb.element_size()
     return total
+
+
+def decode_ours(model, prompts, params, k, make_drafter, eos):
+    """quantkit's decode loop over prompts: (decode tok/s, tok/s with prefill, tokens per target forward, outputs).
+    Decode leaves out the prefill and the token it yields: speculation and loop overhead change only the rest."""
+    from quantkit.runtime.generate import generate
+
+    toks = fwd = dec_toks = 0
+    dec_secs = 0.0
+    t = time.perf_counter()
+    outs = []
+    for ids in prompts:
+        seq = generate(model, ids, params, drafter=make_drafter() if make_drafter else None,
+                       num_speculative_tokens=k, eos=eos)
+        m = seq.metrics
+        toks += m.output_tokens
+        fwd += m.target_forwards
+        dec_toks += m.output_tokens - 1
+        dec_secs += m.t_last - m.t_first
+        outs.append(seq.output_ids())
+    return dec_toks / dec_secs, toks / (time.perf_counter() - t), toks / fwd, outs
+
+
+def decode_hf(model, prompts, n, **kw):
+    """As decode_ours, for transformers' greedy generate (kw: its options): its prefill is timed separately on
+    the same prompt (one forward keeping the last logits, as generate does) and taken off, with the one token
+    it yields. Tokens per forward is None: generate does not report it."""
+    toks = dec_toks = 0
+    total = dec_secs = 0.0
+    outs = []
+    for ids in prompts:
+        x = torch.tensor([ids])
+        t = time.perf_counter()
+        model(x, logits_to_keep=1)
+        pre = time.perf_counter() - t
+        t = time.perf_counter()
+        out = model.generate(x, do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
+        secs = time.perf_counter() - t
+        new = out[0, len(ids):].tolist()
+        toks += len(new)
+        dec_toks += len(new) - 1
+        total += secs
+        dec_secs += secs - pre
+        outs.append(new)
+    return dec_toks / dec_secs, toks / total, None, outs

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -19,34 +18,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from common import copy_bandwidth, prompt_ids, read_bandwidth, weight_bytes_per_token  # noqa: E402
+from common import copy_bandwidth, decode_hf, decode_ours, prompt_ids, read_bandwidth, weight_bytes_per_token  # noqa: E402
 from quantkit.runtime import build  # noqa: E402
-from quantkit.runtime.generate import generate  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 
 
 def ours(model, prompts, n):
-    toks, secs = 0, 0.0
-    for ids in prompts:
-        seq = generate(model, ids, SamplingParams(max_tokens=n, ignore_eos=True), eos=set())
-        toks += seq.metrics.output_tokens - 1
-        secs += seq.metrics.t_last - seq.metrics.t_first  # decode only: prefill excluded
-    return toks / secs
+    return decode_ours(model, prompts, SamplingParams(max_tokens=n, ignore_eos=True), 1, None, set())[0]
 
 
 def hf(model, prompts, n):
-    # Total time includes one prefill; subtract it (measured separately) so both columns are decode-only.
-    toks, secs = 0, 0.0
-    for ids in prompts:
-        x = torch.tensor([ids])
-        t = time.perf_counter()
-        model(x, logits_to_keep=1)
-        pre = time.perf_counter() - t
-        t = time.perf_counter()
-        model.generate(x, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=0)
-        secs += time.perf_counter() - t - pre
-        toks += n - 1
-    return toks / secs
+    return decode_hf(model, prompts, n, min_new_tokens=n)[0]
 
 
 def transformers_model(path: str):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -18,53 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from common import SETS, prompt_ids  # noqa: E402
+from common import SETS, decode_hf, decode_ours, prompt_ids  # noqa: E402
 from quantkit.runtime import build  # noqa: E402
-from quantkit.runtime.generate import eos_ids, generate  # noqa: E402
+from quantkit.runtime.generate import eos_ids  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, self_w4_draft  # noqa: E402
-
-
-def run_ours(model, prompts, n, k, make_drafter, eos):
-    """(decode tok/s, tok/s with prefill, tokens per target forward, outputs). Decode excludes the prefill and
-    the first token it yields: speculation changes only what comes after."""
-    toks = fwd = 0
-    dec_toks, dec_secs = 0, 0.0
-    t = time.perf_counter()
-    outs = []
-    for ids in prompts:
-        seq = generate(model, ids, SamplingParams(max_tokens=n), drafter=make_drafter() if make_drafter else None,
-                       num_speculative_tokens=k, eos=eos)
-        m = seq.metrics
-        toks += m.output_tokens
-        fwd += m.target_forwards
-        dec_toks += m.output_tokens - 1
-        dec_secs += m.t_last - m.t_first
-        outs.append(seq.output_ids())
-    return dec_toks / dec_secs, toks / (time.perf_counter() - t), toks / fwd, outs
-
-
-def run_hf(model, prompts, n, **kw):
-    """As run_ours, for transformers' generate: its prefill is timed separately on the same prompt (one forward
-    keeping the last logits, as generate does) and taken off, with the one token it yields."""
-    toks = dec_toks = 0
-    total = dec_secs = 0.0
-    outs = []
-    for ids in prompts:
-        x = torch.tensor([ids])
-        t = time.perf_counter()
-        model(x, logits_to_keep=1)
-        pre = time.perf_counter() - t
-        t = time.perf_counter()
-        out = model.generate(x, do_sample=False, max_new_tokens=n, pad_token_id=0, **kw)
-        secs = time.perf_counter() - t
-        new = out[0, len(ids):].tolist()
-        toks += len(new)
-        dec_toks += len(new) - 1
-        total += secs
-        dec_secs += secs - pre
-        outs.append(new)
-    return dec_toks / dec_secs, toks / total, None, outs
 
 
 def main():
@@ -93,26 +50,27 @@ def main():
           "tokens per target forward | same text |")
     print("|---|---|---|---|---|---|---|")
     with torch.inference_mode():
-        run_ours(model, prompt_ids(tok, "open_prose", 1), 4, k, None, eos)  # warm-up
+        decode_ours(model, prompt_ids(tok, "open_prose", 1), SamplingParams(max_tokens=4), k, None, eos)  # warm-up
         for name in a.sets.split(","):
             prompts = prompt_ids(tok, name, a.prompts)
-            rows = [("quantkit, no speculation", run_ours(model, prompts, a.tokens, k, None, eos)),
-                    (f"quantkit, prompt lookup k={k}", run_ours(model, prompts, a.tokens, k,
-                                                               lambda: PromptLookupDrafter(a.ngram), eos)),
-                    (f"quantkit, prompt lookup k={a.lookup_k}",
-                     run_ours(model, prompts, a.tokens, a.lookup_k, lambda: PromptLookupDrafter(a.ngram), eos)),
-                    ("quantkit, self-w4 draft (fake-quant copy)",
-                     run_ours(model, prompts, a.tokens, k, lambda: ModelDrafter(draft), eos))]
+            params = SamplingParams(max_tokens=a.tokens)
+
+            def ours(k, make_drafter):
+                return decode_ours(model, prompts, params, k, make_drafter, eos)
+
+            rows = [("quantkit, no speculation", ours(k, None)),
+                    (f"quantkit, prompt lookup k={k}", ours(k, lambda: PromptLookupDrafter(a.ngram))),
+                    (f"quantkit, prompt lookup k={a.lookup_k}", ours(a.lookup_k, lambda: PromptLookupDrafter(a.ngram))),
+                    ("quantkit, self-w4 draft (fake-quant copy)", ours(k, lambda: ModelDrafter(draft)))]
             if w4 is not None:
-                rows.append(("quantkit, W4 checkpoint draft",
-                             run_ours(model, prompts, a.tokens, k, lambda: ModelDrafter(w4), eos)))
-            rows += [("transformers generate", run_hf(model, prompts, a.tokens)),
-                     (f"transformers prompt_lookup_num_tokens={k}", run_hf(model, prompts, a.tokens,
-                                                                           prompt_lookup_num_tokens=k)),
+                rows.append(("quantkit, W4 checkpoint draft", ours(k, lambda: ModelDrafter(w4))))
+            rows += [("transformers generate", decode_hf(model, prompts, a.tokens)),
+                     (f"transformers prompt_lookup_num_tokens={k}",
+                      decode_hf(model, prompts, a.tokens, prompt_lookup_num_tokens=k)),
                      (f"transformers prompt_lookup_num_tokens={a.lookup_k}",
-                      run_hf(model, prompts, a.tokens, prompt_lookup_num_tokens=a.lookup_k)),
-                     ("transformers assistant_model (self-w4)", run_hf(model, prompts, a.tokens,
-                                                                       assistant_model=draft))]
+                      decode_hf(model, prompts, a.tokens, prompt_lookup_num_tokens=a.lookup_k)),
+                     ("transformers assistant_model (self-w4)", decode_hf(model, prompts, a.tokens,
+                                                                         assistant_model=draft))]
             base_speed, _, _, base_out = rows[0][1]
             for method, (speed, with_prefill, tpf, outs) in rows:
                 tpf_s = f"{tpf:.2f}" if tpf is not None else "-"
