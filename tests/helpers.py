@@ -84,3 +84,12 @@ class ServerThread:
         self.thread.join(timeout=10)
         for e in self.engines:
             e.close()
+
+
+class NumberTokenizer:
+    """The one tokenizer method the engine calls without stop strings: decode() (token ids written as numbers)."""
+
+    eos_token_id = None
+
+    def decode(self, ids, **kw):
+        return " ".join(map(str, ids))

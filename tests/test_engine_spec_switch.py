@@ -6,20 +6,12 @@ import threading
 import pytest
 import torch
 
+from helpers import NumberTokenizer
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.runtime.speculative import PromptLookupDrafter
 from quantkit.runtime.tiny import single_thread, tiny_llama
-
-
-class _Tok:
-    """The engine only needs decode() from a tokenizer here (no stop strings)."""
-
-    eos_token_id = None
-
-    def decode(self, ids, **kw):
-        return " ".join(map(str, ids))
 
 
 def _prompts(n):
@@ -32,7 +24,7 @@ def _prompts(n):
 
 
 def _run(model, prompts, spec_max_batch):
-    engine = Engine(model, _Tok(), drafter_factory=lambda: PromptLookupDrafter(3, min_ngram=1),
+    engine = Engine(model, NumberTokenizer(), drafter_factory=lambda: PromptLookupDrafter(3, min_ngram=1),
                     num_speculative_tokens=4, spec_max_batch=spec_max_batch, max_active=8)
     left = threading.Semaphore(0)
     reqs = []

@@ -40,20 +40,15 @@ def test_compiled_model_serves_from_the_engine_thread():
     """`serve --compile`: the decode loop runs on the engine's own thread, where dynamo must work too."""
     import threading
 
+    from helpers import NumberTokenizer
     from quantkit.runtime.engine import Engine
-
-    class Tok:
-        eos_token_id = None
-
-        def decode(self, ids, **kw):
-            return " ".join(map(str, ids))
 
     model = tiny_llama(vocab_size=64, hidden=64, layers=2, seed=3)
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     with single_thread():
         want = generate(model, [1, 2, 3, 4, 5, 6], params).output_ids()
         compile_decode(model)
-        engine = Engine(model, Tok())
+        engine = Engine(model, NumberTokenizer())
         done, events = threading.Event(), []
         seq = engine.new_sequence([1, 2, 3, 4, 5, 6], params)
         engine.submit(seq, lambda kind, p: kind in ("done", "error") and (events.append((kind, p)) or done.set()))
