@@ -15,8 +15,8 @@ from quantkit.runtime.tiny import single_thread, tiny_llama
 def test_compiled_decode_matches_eager_greedy_tokens():
     eager = tiny_llama(vocab_size=128, hidden=64, layers=2, seed=7, init_std=0.2)
     compiled = compile_decode(copy.deepcopy(eager))
-    step, calls = compiled._quantkit_decode, []
-    compiled._quantkit_decode = lambda **kw: calls.append(kw["input_ids"].shape[1]) or step(**kw)
+    step, calls = compiled._quantkit_slot_step, []
+    compiled._quantkit_slot_step = lambda m, h, *a: calls.append(h.shape[1]) or step(m, h, *a)
     g = torch.Generator().manual_seed(2)
     chunk = torch.randint(1, 128, (9,), generator=g).tolist()
     prompts = [chunk + [3] + chunk[:4], torch.randint(1, 128, (7,), generator=g).tolist()]
@@ -56,3 +56,23 @@ def test_compiled_model_serves_from_the_engine_thread():
         engine.close()
     assert events == [("done", None)]
     assert seq.output_ids() == want
+
+
+def test_compiled_decode_of_a_model_outside_our_forward_uses_transformers_path():
+    """Models our Llama-family forward does not cover (here phi3) compile transformers' own forward."""
+    from transformers import AutoModelForCausalLM
+
+    from helpers import tiny_config
+    from quantkit.runtime import llama_step
+
+    torch.manual_seed(3)
+    eager = AutoModelForCausalLM.from_config(tiny_config("phi3", vocab_size=128, layers=2)).eval()
+    assert not llama_step.supports(eager)
+    compiled = compile_decode(copy.deepcopy(eager))
+    step, calls = compiled._quantkit_decode, []
+    compiled._quantkit_decode = lambda **kw: calls.append(kw["input_ids"].shape[1]) or step(**kw)
+    ids = torch.randint(1, 128, (9,), generator=torch.Generator().manual_seed(4)).tolist()
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    with single_thread(), torch.inference_mode():
+        assert generate(compiled, ids, params).output_ids() == generate(eager, ids, params).output_ids()
+    assert calls and set(calls) == {1}

@@ -1,7 +1,9 @@
 """Continuous batching: one worker thread steps every active sequence, requests join and leave between steps.
 
-Each request keeps its own KV caches, so a step runs one forward per active request; a request's tokens do
-not depend on what else is running (greedy answers under load equal the answers alone). The bounded
+A step runs each new request's prefill on its own, then one batched forward for every request past its prefill
+(llama_step.py over the shared slot cache; models it does not cover fall back to one forward per request).
+Rows do not see each other, so a request's tokens do not depend on what else is running, up to float
+summation order: greedy answers under load equal the answers alone (tests/test_server.py). The bounded
 waiting queue makes overload visible (QueueFull -> HTTP 429) instead of letting latency grow without end.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Callable
 import torch
 
 from .generate import Sequence
+from .kv_cache import forward_many, release
 from .metrics import ServerMetrics
 
 
@@ -30,6 +33,7 @@ class Request:
         self.seq = seq
         self.on_event = on_event  # ("tokens", [TokenInfo]) per step, then ("done", None) or ("error", msg)
         self.cancelled = False
+        self.failed = False
 
 
 class Engine:
@@ -91,27 +95,60 @@ class Engine:
             self._admit()
             if self._stop:
                 return
-            # Each request runs its own forward here, so a draft costs the same at any batch size and kept
-            # paying up to 16 concurrent requests (bench/spec_batch.py, docs/benchmarks.md): the limit defaults
-            # to the batch size. A batched forward would make verify rows compete and want a lower one.
+            # With one batched forward, a drafting request's k+1 verify rows pad every other row to k+1 as well;
+            # past spec_max_batch requests that costs more than drafts save (bench/spec_batch.py).
             speculate = len(self._active) <= self.spec_max_batch
-            still = []
+            live = []
             for req in self._active:
                 if req.cancelled:
-                    continue
-                try:
-                    toks = req.seq.step(speculate=speculate)
-                except Exception as e:  # one bad request must not take the worker down
-                    req.on_event("error", f"{type(e).__name__}: {e}")
-                    continue
-                if toks:
-                    req.on_event("tokens", toks)
-                if req.seq.done:
-                    self._finish(req)
+                    release(req.seq.cache)
                 else:
-                    still.append(req)
-            self._active = still
-            self.metrics.active = len(still)  # else the gauge stays stale until new work arrives
+                    live.append(req)
+            # A prefill runs on its own: padding one-token rows to a prompt's length would waste the batch.
+            batch = []
+            for req in live:
+                if req.seq.prefilled:
+                    batch.append(req)
+                else:
+                    self._deliver(req, lambda r=req: r.seq.step(speculate=speculate))
+            self._decode(batch, speculate)
+            self._active = [r for r in live if not r.seq.done and not r.failed]
+            self.metrics.active = len(self._active)  # else the gauge stays stale until new work arrives
+
+    def _decode(self, batch: list[Request], speculate: bool) -> None:
+        """One forward for every request past its prefill: requests join and leave between these steps."""
+        fed = []
+        for req in batch:
+            try:
+                fed.append((req, req.seq.plan(speculate)))
+            except Exception as e:  # a drafter failing for one request must not take the others down
+                self._fail(req, e)
+        if not fed:
+            return
+        try:
+            logits = forward_many(self.model, [(r.seq.cache, ids) for r, ids in fed])
+        except Exception as e:
+            for req, _ in fed:
+                self._fail(req, e)
+            return
+        for (req, _), lg in zip(fed, logits):
+            self._deliver(req, lambda r=req, x=lg: r.seq.finish(x))
+
+    def _deliver(self, req: Request, run) -> None:
+        try:
+            toks = run()
+        except Exception as e:  # one bad request must not take the worker down
+            self._fail(req, e)
+            return
+        if toks:
+            req.on_event("tokens", toks)
+        if req.seq.done:
+            self._finish(req)
+
+    def _fail(self, req: Request, e: Exception) -> None:
+        req.failed = True
+        release(req.seq.cache)
+        req.on_event("error", f"{type(e).__name__}: {e}")
 
     def _finish(self, req: Request) -> None:
         seq = req.seq

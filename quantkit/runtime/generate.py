@@ -12,7 +12,7 @@ import torch
 
 from ..errors import UserError
 from . import sampling
-from .kv_cache import crop_to, forward, new_cache
+from .kv_cache import crop_to, forward, new_decode_cache, release
 from .metrics import RequestMetrics
 from .sampling import SamplingParams
 from .spec_governor import SpeculationGovernor
@@ -58,7 +58,9 @@ class Sequence:
         self.max_tokens = min(params.max_tokens, limit - len(prompt_ids))
         self.ids = torch.tensor(prompt_ids, dtype=torch.long)
         self.n_prompt = len(prompt_ids)
-        self.cache = new_cache(model, kv_cache)
+        self.cache = new_decode_cache(model, kv_cache)
+        self._draft: list[int] = []
+        self._q = None
         self.drafter = drafter
         self.governor = SpeculationGovernor()
         self.k = num_speculative_tokens
@@ -77,33 +79,35 @@ class Sequence:
     def n_generated(self) -> int:
         return self.ids.shape[0] - self.n_prompt
 
-    def _forward(self, ids: torch.Tensor, last_only: bool) -> torch.Tensor:
-        self.metrics.target_forwards += 1
-        return forward(self.model, ids, self.cache, last_only)
-
     def _choose(self, logits: torch.Tensor) -> int:
         if self.params.greedy:
             return int(logits.argmax())
         return int(sampling.pick(sampling.probs(logits, self.params), self.gen))
 
-    def step(self, speculate: bool = True) -> list[TokenInfo]:
-        """One target forward; the first call is the prefill. Returns the new tokens (empty when done)."""
-        if self.done:
-            return []
-        if self.cache.get_seq_length() == 0:
-            logits = self._forward(self.ids, last_only=True)
-            return self._emit([self._choose(logits[-1])], logits, [False])
-        n_ctx = self.ids.shape[0]
-        draft, q = [], None
+    @property
+    def prefilled(self) -> bool:
+        return self.cache.get_seq_length() > 0
+
+    def plan(self, speculate: bool = True) -> torch.Tensor:
+        """The ids the next target forward feeds: the whole prompt first, then the last token plus any draft.
+        Call `finish(logits)` with that forward's logits (every row; only the last is used for the prefill)."""
+        self._draft, self._q = [], None
+        if not self.prefilled:
+            return self.ids
         k = min(self.k, self.max_tokens - self.n_generated - 1)
         if speculate and self.drafter is not None and k > 0 and self.governor.allow():
-            draft, q = self.drafter.propose(self.ids, k, self.params, self.gen)
-        feed = torch.cat([self.ids[-1:], torch.tensor(draft, dtype=torch.long)]) if draft else self.ids[-1:]
-        logits = self._forward(feed, last_only=False)
+            self._draft, self._q = self.drafter.propose(self.ids, k, self.params, self.gen)
+        draft = self._draft
+        return torch.cat([self.ids[-1:], torch.tensor(draft, dtype=torch.long)]) if draft else self.ids[-1:]
+
+    def finish(self, logits: torch.Tensor) -> list[TokenInfo]:
+        self.metrics.target_forwards += 1
+        draft = self._draft
         if not draft:
             return self._emit([self._choose(logits[-1])], logits, [False])
+        n_ctx = self.ids.shape[0]
         p = sampling.probs(logits, self.params)
-        n, extra = speculative_accept(p, q, draft, self.gen, self.params.greedy)
+        n, extra = speculative_accept(p, self._q, draft, self.gen, self.params.greedy)
         # The cache now holds every fed token; keep the context (minus the pending last) plus accepted drafts.
         crop_to(self.cache, n_ctx + n)
         self.drafter.rollback(n_ctx + n)
@@ -112,6 +116,14 @@ class Sequence:
         self.metrics.drafted += len(draft)
         self.metrics.accepted += n
         return self._emit(draft[:n] + [extra], logits[: n + 1], [True] * n + [False])
+
+    def step(self, speculate: bool = True) -> list[TokenInfo]:
+        """One target forward; the first call is the prefill. Returns the new tokens (empty when done)."""
+        if self.done:
+            return []
+        prefill = not self.prefilled
+        feed = self.plan(speculate)
+        return self.finish(forward(self.model, feed, self.cache, last_only=prefill))
 
     def _emit(self, new: list[int], logits: torch.Tensor, drafted: list[bool]) -> list[TokenInfo]:
         rows = logits[-len(new):].float().log_softmax(-1)
@@ -134,6 +146,8 @@ class Sequence:
         self.ids = torch.cat([self.ids, torch.tensor([t.id for t in out], dtype=torch.long)])
         if self.done and self.detok is not None and out:
             out[-1].text += self.detok.flush()
+        if self.done:
+            release(self.cache)
         self.metrics.on_tokens(len(out))
         self.tokens.extend(out)
         return out

@@ -1,10 +1,17 @@
-"""KV-cache helpers: make one per sequence and roll it back after a rejected speculation."""
+"""KV-cache helpers: make one per sequence, run forwards through it, roll it back after a rejected speculation.
+
+Two kinds of cache: a slot in the model's shared SlotPool, driven by our own Llama-family forward (llama_step.py:
+batched across sequences, rollback by length), and transformers' own caches for every other model, for the FP8
+KV cache and for the evaluation code that wants a plain transformers forward.
+"""
 from __future__ import annotations
 
 import inspect
 
 import torch
 from transformers import DynamicCache
+
+from .slot_cache import SlotHandle
 
 
 def new_cache(model, kind: str = "auto"):
@@ -16,8 +23,28 @@ def new_cache(model, kind: str = "auto"):
     return DynamicCache(config=model.config)
 
 
-def crop_to(cache: DynamicCache, length: int) -> None:
+def new_decode_cache(model, kind: str = "auto", slots: bool = True):
+    """The cache a decoding sequence uses: a SlotPool slot where our own forward supports the model (and the
+    cache kind is the model dtype), else `new_cache`. slots=False forces transformers' path."""
+    if slots and kind == "auto":
+        from . import llama_step
+
+        if llama_step.supports(model):
+            return llama_step.pool_for(model).new()
+    return new_cache(model, kind)
+
+
+def release(cache) -> None:
+    """Give a finished sequence's slot back at once (a transformers cache is simply dropped)."""
+    if isinstance(cache, SlotHandle):
+        cache.release()
+
+
+def crop_to(cache, length: int) -> None:
     """Keep only the first `length` positions (a negative argument to crop means 'remove this many')."""
+    if isinstance(cache, SlotHandle):
+        cache.crop_to(length)
+        return
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
@@ -32,11 +59,30 @@ def _cache_kw(model) -> str:
     return kw
 
 
-def forward(model, ids: torch.Tensor, cache: DynamicCache, last_only: bool) -> torch.Tensor:
+def forward(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
     """Logits [n, V] for the 1-D ids appended to the cache (only the last row when last_only)."""
+    if isinstance(cache, SlotHandle):
+        from .llama_step import forward_batch
+
+        return forward_batch(model, [(cache, ids)], last_only)[0]
     step = getattr(model, "_quantkit_decode", None)  # build.compile_decode's compiled forward, if any
     if step is None or cache.get_seq_length() == 0:
         step = model
     out = step(input_ids=ids.unsqueeze(0), use_cache=True, logits_to_keep=1 if last_only else 0,
                **{_cache_kw(model): cache})
     return out.logits[0]
+
+
+def forward_many(model, items: list[tuple[object, torch.Tensor]], last_only: bool = False) -> list[torch.Tensor]:
+    """`forward` for several sequences of one model: the slot caches among them share one batched forward."""
+    out: list[torch.Tensor | None] = [None] * len(items)
+    batch = [j for j, (c, _) in enumerate(items) if isinstance(c, SlotHandle)]
+    if batch:
+        from .llama_step import forward_batch
+
+        for j, logits in zip(batch, forward_batch(model, [items[j] for j in batch], last_only)):
+            out[j] = logits
+    for j, (cache, ids) in enumerate(items):
+        if out[j] is None:
+            out[j] = forward(model, ids, cache, last_only)
+    return out

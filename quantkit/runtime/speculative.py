@@ -12,7 +12,7 @@ import torch
 
 from ..errors import UserError
 from . import sampling
-from .kv_cache import crop_to, forward, new_cache
+from .kv_cache import crop_to, forward, new_decode_cache
 
 
 def accept(p: torch.Tensor, q: torch.Tensor | None, draft: list[int], generator: torch.Generator | None,
@@ -92,7 +92,7 @@ class ModelDrafter:
 
     def __init__(self, model):
         self.model = model
-        self.cache = new_cache(model)
+        self.cache = new_decode_cache(model)
         self.n_cached = 0
 
     def _logits(self, ids: torch.Tensor) -> torch.Tensor:

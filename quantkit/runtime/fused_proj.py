@@ -1,0 +1,110 @@
+"""One matmul for the projections that read the same input (q/k/v; gate/up), and a faster CPU weight layout.
+
+A decode step on a CPU pays per call: each quantised Linear converts its input to bf16 and its output back, and
+torch's packed int4 op has a fixed cost per launch. Reading q, k and v (and gate, up) as one wider matrix
+halves those calls. torch's CPU int4 layout keeps blocks of output rows independent, so where every module is a
+whole number of blocks (checked on a probe row) the fused pack is the modules' packs stacked, and each module's
+own pack is then re-pointed at its rows of the stack: no second copy of the weights.
+
+Float weights: MKL's single-thread product of one row with a [N, K] weight streams it at about 12 GB/s here,
+with the weight stored transposed ([K, N], the same matrix) at 18-22 GB/s when N >= K (bench/decode.py,
+docs/benchmarks.md). `transposed_storage` re-lays a weight out so, leaving the module a [N, K] view of it: the
+module computes the same product (up to summation order) and nothing is duplicated. Only float32: torch's
+float16 and bfloat16 CPU products are 1.5-40x slower with the transposed layout.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Fused:
+    """Calls the projections as one and returns their outputs in order (sizes None: fn returns the tuple)."""
+
+    def __init__(self, fn, sizes: list[int] | None):
+        self.fn, self.sizes = fn, sizes
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = self.fn(x)
+        return y if self.sizes is None else y.split(self.sizes, dim=-1)
+
+
+def _int4_fused(mods) -> Fused | None:
+    from ..kernels import cpu, dispatch
+    from ..nn import QuantLinear
+
+    if not all(type(m) is QuantLinear and m.weight_packed.device.type == "cpu" for m in mods):
+        return None
+    for m in mods:
+        if not getattr(m, "_qk_prepared", False):
+            dispatch.prepare(m)
+    packs = [m._cpu_int4 for m in mods]
+    if any(p is None or p.perm is not None or p.packed.shape[0] != p.n for p in packs):
+        return None  # act-order column order or padded rows: each module keeps its own call
+    if len({p.group for p in packs}) != 1 or not all(m.cpu_bf16_activations for m in mods):
+        return None
+    if any(m.bias is not None for m in mods) and not all(m.bias is not None for m in mods):
+        return None
+    if dispatch.forced_kernel() is not None:
+        return None
+    stacked = torch.cat([p.packed for p in packs])
+    pack = cpu.Int4Pack(stacked, packs[0].group, torch.cat([p.scale_zero for p in packs], 1), stacked.shape[0], None)
+    # torch's layout keeps blocks of output rows independent (64 rows on this CPU, where a 32-row module
+    # would break the stacking); rather than assume a block size, check on one probe row that stacking holds
+    probe = torch.randn(1, mods[0].in_features, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    if not torch.equal(cpu.int4_matmul(pack, probe), torch.cat([cpu.int4_matmul(p, probe) for p in packs], 1)):
+        return None
+    r = 0
+    for p in packs:  # each module now reads its rows of the stack (same values), so the weights are held once
+        p.packed = stacked[r: r + p.n]
+        r += p.n
+    bias = torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        y = cpu.int4_matmul(pack, x2)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+    return Fused(run, [p.n for p in packs])
+
+
+def transposed_storage(weights: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One [K, sum N] contiguous tensor holding the weights, and each weight as a [N_i, K] view into it."""
+    wt = torch.cat([w.detach() for w in weights]).t().contiguous()
+    views, r = [], 0
+    for w in weights:
+        views.append(wt[:, r: r + w.shape[0]].t())
+        r += w.shape[0]
+    return wt, views
+
+
+def _float_fused(mods) -> Fused | None:
+    if not all(type(m) is nn.Linear for m in mods):
+        return None
+    w0 = mods[0].weight
+    if w0.device.type != "cpu" or any(m.weight.dtype != w0.dtype or m.weight.device != w0.device for m in mods):
+        return None
+    if any(m.bias is not None for m in mods) and not all(m.bias is not None for m in mods):
+        return None
+    n, k = sum(m.out_features for m in mods), mods[0].in_features
+    if n >= k and w0.dtype == torch.float32:  # the faster layout (module docstring); fp16/bf16 run slower so
+        wt, views = transposed_storage([m.weight for m in mods])
+        weight = wt.t()
+    else:
+        weight = torch.cat([m.weight.detach() for m in mods])
+        views = list(weight.split([m.out_features for m in mods]))
+    for m, v in zip(mods, views):  # the modules keep working, on views: the weights are held once
+        m.weight = nn.Parameter(v, requires_grad=False)
+    bias = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
+    return Fused(lambda x: F.linear(x, weight, bias), [m.out_features for m in mods])
+
+
+def fuse(mods: list[nn.Module]) -> Fused:
+    """The projections as one call where their kind allows it, else as separate calls."""
+    fused = _int4_fused(mods) or _float_fused(mods)
+    if fused is not None:
+        return fused
+    return Fused(lambda x: tuple(m(x) for m in mods), None)

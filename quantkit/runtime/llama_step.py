@@ -1,0 +1,194 @@
+"""Our own forward for Llama-family decoders over a SlotPool: a batch of sequences at different lengths in one pass.
+
+It calls the model's own modules (embedding, norms, projections, MLP, rotary table, head), so quantised
+Linears, the float16 head copy and any RoPE scaling are what transformers would run; what it replaces is the
+glue: the per-sequence cache objects, the mask builders and the generic layer plumbing. That glue was a third of
+a batch-1 CPU decode step (docs/benchmarks.md), and it is what stopped concurrent requests from sharing one
+forward.
+
+Each item is (handle, ids): n_i new tokens for one sequence whose cache holds L_i. Rows are padded to the longest
+n; row i's token t sits at position L_i + t and attends to keys 0..L_i + t, so the padding's keys (written past
+the row's length) are never read by a real token and are overwritten later.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+import torch.nn.functional as F
+
+from torch import nn
+
+from .fused_proj import fuse, transposed_storage
+from .slot_cache import SlotHandle, SlotPool
+
+SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def supports(model) -> bool:
+    """Model types whose decoder layer is exactly: norm, q/k/v (+ optional per-head q/k norm), RoPE, attention
+    over every earlier position, o_proj, residual, norm, MLP, residual. Sliding windows are left to transformers."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
+        return False
+    window = getattr(cfg, "sliding_window", None)
+    if window is not None and getattr(cfg, "use_sliding_window", cfg.model_type == "mistral"):
+        return False
+    inner = getattr(model, "model", None)
+    return inner is not None and hasattr(inner, "layers") and hasattr(inner, "rotary_emb")
+
+
+_POOLS: "weakref.WeakKeyDictionary[torch.nn.Module, SlotPool]" = weakref.WeakKeyDictionary()
+
+
+def pool_for(model) -> SlotPool:
+    """The model's shared cache, kept outside the module so that copying the model does not share or copy it."""
+    pool = _POOLS.get(model)
+    if pool is None:
+        cfg = model.config
+        heads = cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        pool = SlotPool(cfg.num_hidden_layers, getattr(cfg, "num_key_value_heads", None) or heads, head_dim,
+                        int(getattr(cfg, "max_position_embeddings", 0) or 1 << 20))
+        _POOLS[model] = pool
+    return pool
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class _Plan:
+    """Per model, made once: each layer's fused q/k/v and gate/up calls (fused_proj.py)."""
+
+    def __init__(self, model):
+        self.qkv, self.gate_up = [], []
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.qkv.append(fuse([attn.q_proj, attn.k_proj, attn.v_proj]))
+            self.gate_up.append(fuse([mlp.gate_proj, mlp.up_proj]))
+        head = model.get_output_embeddings()
+        if type(head) is nn.Linear and head.weight.device.type == "cpu" and head.weight.dtype == torch.float32 \
+                and head.out_features >= head.in_features:
+            # a float32 head streams ~1.8x faster stored transposed (fused_proj.py); a tied embedding takes the
+            # same view, so its row lookups still read the one table
+            emb = model.get_input_embeddings()
+            tied = emb is not None and emb.weight is head.weight
+            _, (view,) = transposed_storage([head.weight])
+            head.weight = nn.Parameter(view, requires_grad=False)
+            if tied:
+                emb.weight = head.weight
+
+
+_PLANS: "weakref.WeakKeyDictionary[torch.nn.Module, _Plan]" = weakref.WeakKeyDictionary()
+
+
+def plan_for(model) -> _Plan:
+    plan = _PLANS.get(model)
+    if plan is None:
+        plan = _PLANS[model] = _Plan(model)
+    return plan
+
+
+def _attend(q, k, v, mask_add, scale):
+    """Attention of q [B, H, T, d] over k, v [B, KVH, Lk, d] (heads grouped onto key heads), with an additive
+    mask [B, 1, T, Lk]. Two batched products and a softmax: at decode sizes (T <= k+1 rows, a few hundred keys)
+    this is several times cheaper on a CPU than SDPA's flash kernel, whose fixed cost dominated."""
+    B, H, T, d = q.shape
+    kvh = k.shape[1]
+    g = H // kvh
+    q = q.reshape(B, kvh, g * T, d)
+    if torch.compiler.is_compiling():
+        # written as broadcast products, inductor fuses scores, softmax and the weighted sum into a few loops
+        # instead of calling two tiny batched matmuls per layer (1.4 ms of a 15 ms W4 step)
+        scores = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * scale
+    else:
+        scores = (q @ k.transpose(-1, -2)) * scale  # [B, kvh, g*T, Lk]
+    scores = scores.view(B, kvh, g, T, -1) + mask_add.unsqueeze(1)
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype).view(B, kvh, g * T, -1)
+    if torch.compiler.is_compiling():
+        return (probs.unsqueeze(-1) * v.unsqueeze(-3)).sum(-2).view(B, H, T, d)
+    return (probs @ v).view(B, H, T, d)
+
+
+def layers_forward(model, h: torch.Tensor, cos, sin, mask_add, ks, vs, rows, pos, read) -> torch.Tensor:
+    """The decoder layers over hidden states h [B, T, D]. ks/vs: per-layer caches [slots, positions, heads, d]; rows/pos [B, T] where
+    each new key goes; `read` the slot rows to attend over (a slice or an index tensor); mask_add [B, 1, T, Lk]
+    holds 0 where a query may look and -inf where it may not."""
+    B, T, _ = h.shape
+    Lk = mask_add.shape[-1]
+    plan = plan_for(model)
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        hd = attn.head_dim
+        q, k, v = plan.qkv[i](layer.input_layernorm(h))
+        q, k, v = q.view(B, T, -1, hd), k.view(B, T, -1, hd), v.view(B, T, -1, hd)
+        if getattr(attn, "q_norm", None) is not None:  # Qwen3 normalises each head before RoPE
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q = _rotate(q.transpose(1, 2), cos, sin)
+        k = _rotate(k.transpose(1, 2), cos, sin).transpose(1, 2)
+        kl, vl = ks[i], vs[i]
+        kl[rows, pos] = k.to(kl.dtype)
+        vl[rows, pos] = v.to(vl.dtype)
+        kc = kl[read, :Lk].transpose(1, 2).to(q.dtype)
+        vc = vl[read, :Lk].transpose(1, 2).to(q.dtype)
+        o = _attend(q, kc, vc, mask_add, attn.scaling)
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
+        gate, up = plan.gate_up[i](layer.post_attention_layernorm(h))
+        h = h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
+    return h
+
+
+@torch.inference_mode()  # the pool's tensors are written in place by every caller, so all of them run here
+def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only: bool) -> list[torch.Tensor]:
+    """Logits per item: [n_i, V] for every fed token, or [1, V] for the last one when last_only."""
+    pool = pool_for(model)
+    inner = model.model
+    emb = inner.embed_tokens
+    device = emb.weight.device
+    with pool.lock:
+        order = sorted(range(len(items)), key=lambda j: items[j][0].slot if items[j][0].slot >= 0 else 1 << 30)
+        handles = [items[j][0] for j in order]
+        feeds = [items[j][1] for j in order]
+        n = [f.shape[0] for f in feeds]
+        B, T = len(feeds), max(n)
+        lengths = torch.tensor([hd.length for hd in handles], dtype=torch.long)
+        need = int(lengths.max()) + T
+        dtype = emb.weight.dtype
+        pool.prepare(handles, need, dtype, device)
+        ids = torch.zeros(B, T, dtype=torch.long)
+        for b, f in enumerate(feeds):
+            ids[b, : n[b]] = f
+        pos = lengths[:, None] + torch.arange(T)[None, :]
+        slots = torch.tensor([hd.slot for hd in handles], dtype=torch.long)
+        rows = slots[:, None].expand(B, T)
+        first = int(slots[0])
+        contiguous = bool(torch.equal(slots, torch.arange(first, first + B)))
+        read = slice(first, first + B) if contiguous else slots
+        Lk = need
+        visible = (torch.arange(Lk)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+        plan_for(model)  # before the embedding lookup: it may re-lay the tied table out
+        h = emb(ids.to(device))
+        cos, sin = inner.rotary_emb(h, pos.to(device))
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        step = getattr(model, "_quantkit_slot_step", None)
+        fn = step if step is not None and T <= 16 and all(hd.length for hd in handles) else layers_forward
+        h = fn(model, h, cos, sin, mask.to(device), pool.k, pool.v, rows.to(device), pos.to(device),
+               read if contiguous else read.to(device))
+        for hd, m in zip(handles, n):
+            hd.length += m
+    keep_b, keep_t = [], []
+    for b, m in enumerate(n):
+        ts = [m - 1] if last_only else list(range(m))
+        keep_b += [b] * len(ts)
+        keep_t += ts
+    logits = model.get_output_embeddings()(inner.norm(h[keep_b, keep_t]))
+    out, start = [None] * len(items), 0
+    for b, j in enumerate(order):
+        cnt = 1 if last_only else n[b]
+        out[j] = logits[start: start + cnt]
+        start += cnt
+    return out

@@ -1,0 +1,104 @@
+"""Our batched Llama-family forward over the slot cache, against transformers' own forward on each sequence."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from helpers import rel_err, tiny_config
+
+from quantkit.runtime import llama_step
+from quantkit.runtime.kv_cache import crop_to, forward, forward_many, new_decode_cache
+from quantkit.runtime.slot_cache import SlotHandle
+
+
+def _model(arch: str, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size=128, layers=2), dtype=torch.float32)
+    with torch.no_grad():  # spread the weights so that the logits are far from uniform
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    return model.eval()
+
+
+def _ref(model, ids: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids.unsqueeze(0)).logits[0]
+
+
+# float32 through 2 layers: summation order alone moves logits by ~1e-6 relative; a wrong position, mask or
+# cache row moves them by order 1
+TOL = 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_ragged_batch_equals_each_sequence_alone(arch):
+    model = _model(arch)
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 128, (n,), generator=g) for n in (11, 6, 9, 14)]
+    refs = [_ref(model, s) for s in seqs]
+    caches = [new_decode_cache(model) for _ in seqs]
+    assert all(isinstance(c, SlotHandle) for c in caches)
+    fed = [3, 1, 5, 2]  # each sequence's prefill length, all different
+    for c, s, n in zip(caches, seqs, fed):
+        forward(model, s[:n], c, last_only=True)
+    # one batched forward, rows of 1 to 4 new tokens (padded to 4) over caches of 1 to 5 positions
+    chunks = [s[n: n + m] for s, n, m in zip(seqs, fed, (4, 1, 3, 2))]
+    outs = forward_many(model, list(zip(caches, chunks)))
+    for out, ref, n, ch in zip(outs, refs, fed, chunks):
+        assert out.shape[0] == ch.shape[0]
+        assert rel_err(out, ref[n: n + ch.shape[0]]) < TOL
+    assert [c.get_seq_length() for c in caches] == [7, 2, 8, 4]
+
+
+def test_rollback_release_and_compaction_keep_every_sequence_right():
+    model = _model("llama", seed=3)
+    pool = llama_step.pool_for(model)
+    g = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, 128, (12,), generator=g) for _ in range(5)]
+    refs = [_ref(model, s) for s in seqs]
+    caches = [new_decode_cache(model) for _ in seqs]
+    forward_many(model, [(c, s[:6]) for c, s in zip(caches, seqs)])
+    assert pool.n_live() == 5
+    # a rejected speculation: the cache rolls back by its length, and the next feed overwrites what was there
+    crop_to(caches[0], 4)
+    caches[1].release()  # a finished sequence gives its slot back ...
+    del caches[3]  # ... and so does one dropped without finishing (the pool holds weak references)
+    gc.collect()
+    rest = [(caches[0], seqs[0], 4), (caches[2], seqs[2], 6), (caches[3], seqs[4], 6)]
+    assert pool.n_live() == 3  # the last slot moved into a freed one
+    assert sorted(h.slot for h, _, _ in rest) == [0, 1, 2]
+    outs = forward_many(model, [(c, s[n:]) for c, s, n in rest])
+    for out, (c, s, n), ref in zip(outs, rest, [refs[0], refs[2], refs[4]]):
+        assert rel_err(out, ref[n:]) < TOL
+    with pytest.raises(RuntimeError, match="released"):
+        forward(model, seqs[1][6:7], caches[1], last_only=True)
+
+
+def test_storage_grows_past_its_first_capacity():
+    model = _model("llama", seed=5)
+    ids = torch.randint(0, 128, (200,), generator=torch.Generator().manual_seed(3))
+    ref = _ref(model, ids)
+    cache = new_decode_cache(model)
+    out = [forward(model, ids[:50], cache, last_only=False)]
+    out += [forward(model, ids[i: i + 1], cache, last_only=False) for i in range(50, 200)]
+    assert llama_step.pool_for(model).capacity >= 200  # started at 64 positions, doubled on the way
+    assert rel_err(torch.cat(out), ref) < TOL
+
+
+def test_other_models_and_kinds_keep_transformers_caches():
+    from transformers import DynamicCache
+
+    assert not llama_step.supports(_model("gemma"))  # scaled embeddings, other norms: not our layer
+    assert not llama_step.supports(_model("opt"))
+    cfg = tiny_config("mistral", vocab_size=128, layers=2)
+    cfg.sliding_window = 16
+    from transformers import AutoModelForCausalLM
+
+    assert not llama_step.supports(AutoModelForCausalLM.from_config(cfg))  # a window we would not honour
+    llama = _model("llama")
+    assert isinstance(new_decode_cache(llama, slots=False), DynamicCache)
+    assert isinstance(new_decode_cache(llama), SlotHandle)
