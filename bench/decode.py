@@ -77,7 +77,7 @@ def main():
             o = ours(model, prompts, a.tokens)
             if name.endswith("--compile"):
                 # transformers' side is the uncompiled row's (generate would only recompile for its own calls)
-                h, h_ours = rows[-1][4], None
+                h, h_ours = rows[-1][5], None
             else:
                 h_ours = hf(model, prompts, a.tokens)
                 plain = transformers_model(path)

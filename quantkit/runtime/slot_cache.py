@@ -110,6 +110,10 @@ class SlotPool:
         old = self.k, self.v
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.n_layers)]
+        for t in self.k + self.v:
+            # a compiled step would otherwise specialise on the first sizes and recompile (~40 s) at each growth
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(t, 1)
         if old[0]:
             s, c = old[0][0].shape[:2]
             for new, prev in zip(self.k + self.v, old[0] + old[1]):
