@@ -47,7 +47,7 @@ def test_ragged_batch_equals_each_sequence_alone(arch):
         forward(model, s[:n], c, last_only=True)
     # one batched forward, rows of 1 to 4 new tokens (padded to 4) over caches of 1 to 5 positions
     chunks = [s[n: n + m] for s, n, m in zip(seqs, fed, (4, 1, 3, 2))]
-    outs = forward_many(model, list(zip(caches, chunks)))
+    outs = [r.all() for r in forward_many(model, list(zip(caches, chunks)))]
     for out, ref, n, ch in zip(outs, refs, fed, chunks):
         assert out.shape[0] == ch.shape[0]
         assert rel_err(out, ref[n: n + ch.shape[0]]) < TOL
@@ -71,7 +71,7 @@ def test_rollback_release_and_compaction_keep_every_sequence_right():
     rest = [(caches[0], seqs[0], 4), (caches[2], seqs[2], 6), (caches[3], seqs[4], 6)]
     assert pool.n_live() == 3  # the last slot moved into a freed one
     assert sorted(h.slot for h, _, _ in rest) == [0, 1, 2]
-    outs = forward_many(model, [(c, s[n:]) for c, s, n in rest])
+    outs = [r.all() for r in forward_many(model, [(c, s[n:]) for c, s, n in rest])]
     for out, (c, s, n), ref in zip(outs, rest, [refs[0], refs[2], refs[4]]):
         assert rel_err(out, ref[n:]) < TOL
     with pytest.raises(RuntimeError, match="released"):
@@ -87,6 +87,27 @@ def test_storage_grows_past_its_first_capacity():
     out += [forward(model, ids[i: i + 1], cache, last_only=False) for i in range(50, 200)]
     assert llama_step.pool_for(model).capacity >= 200  # started at 64 positions, doubled on the way
     assert rel_err(torch.cat(out), ref) < TOL
+
+
+def test_verify_rows_compute_the_head_only_as_far_as_asked():
+    """A verify forward's head runs for row 0 first and for the rest only when asked: the rows are the same."""
+    model = _model("llama", seed=8)
+    ids = torch.randint(0, 128, (10,), generator=torch.Generator().manual_seed(6))
+    ref = _ref(model, ids)
+    calls, head = [], model.get_output_embeddings()
+    cache = new_decode_cache(model)
+    forward(model, ids[:4], cache, last_only=True)
+    handle = head.register_forward_hook(lambda m, i, o: calls.append(o.shape[0]))
+    try:
+        (rows,) = forward_many(model, [(cache, ids[4:])])
+        assert calls == []  # nothing yet
+        first = rows.upto(1)
+        assert calls == [1]  # row 0 alone: a draft rejected at its first token costs one head row
+        rest = rows.all()
+        assert calls == [1, 5]  # then every remaining row at once
+    finally:
+        handle.remove()
+    assert rel_err(first, ref[4:5]) < TOL and rel_err(rest, ref[4:]) < TOL
 
 
 def test_other_models_and_kinds_keep_transformers_caches():

@@ -12,7 +12,8 @@ import torch
 
 from ..errors import UserError
 from . import sampling
-from .kv_cache import crop_to, forward, new_decode_cache, release
+from .kv_cache import crop_to, forward_many, new_decode_cache, release
+from .rows import Rows
 from .metrics import RequestMetrics
 from .sampling import SamplingParams
 from .spec_governor import SpeculationGovernor
@@ -100,14 +101,19 @@ class Sequence:
         draft = self._draft
         return torch.cat([self.ids[-1:], torch.tensor(draft, dtype=torch.long)]) if draft else self.ids[-1:]
 
-    def finish(self, logits: torch.Tensor) -> list[TokenInfo]:
+    def finish(self, rows) -> list[TokenInfo]:
+        """rows: the forward's logits, as a tensor or as rows.Rows (computed as far as acceptance needs)."""
         self.metrics.target_forwards += 1
+        if not isinstance(rows, Rows):
+            rows = Rows(rows)
         draft = self._draft
         if not draft:
+            logits = rows.all()
             return self._emit([self._choose(logits[-1])], logits, [False])
         n_ctx = self.ids.shape[0]
-        p = sampling.probs(logits, self.params)
-        n, extra = speculative_accept(p, self._q, draft, self.gen, self.params.greedy)
+        n, extra = speculative_accept(lambda i: sampling.probs(rows.upto(i + 1)[i], self.params), self._q, draft,
+                                      self.gen, self.params.greedy)
+        logits = rows.upto(n + 1)
         # The cache now holds every fed token; keep the context (minus the pending last) plus accepted drafts.
         crop_to(self.cache, n_ctx + n)
         self.drafter.rollback(n_ctx + n)
@@ -123,7 +129,7 @@ class Sequence:
             return []
         prefill = not self.prefilled
         feed = self.plan(speculate)
-        return self.finish(forward(self.model, feed, self.cache, last_only=prefill))
+        return self.finish(forward_many(self.model, [(self.cache, feed)], last_only=prefill)[0])
 
     def _emit(self, new: list[int], logits: torch.Tensor, drafted: list[bool]) -> list[TokenInfo]:
         rows = logits[-len(new):].float().log_softmax(-1)

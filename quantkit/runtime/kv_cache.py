@@ -11,6 +11,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from .rows import Rows
 from .slot_cache import SlotHandle
 
 
@@ -64,7 +65,7 @@ def forward(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
     if isinstance(cache, SlotHandle):
         from .llama_step import forward_batch
 
-        return forward_batch(model, [(cache, ids)], last_only)[0]
+        return forward_batch(model, [(cache, ids)], last_only)[0].all()
     step = getattr(model, "_quantkit_decode", None)  # build.compile_decode's compiled forward, if any
     if step is None or cache.get_seq_length() == 0:
         step = model
@@ -73,9 +74,10 @@ def forward(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
     return out.logits[0]
 
 
-def forward_many(model, items: list[tuple[object, torch.Tensor]], last_only: bool = False) -> list[torch.Tensor]:
-    """`forward` for several sequences of one model: the slot caches among them share one batched forward."""
-    out: list[torch.Tensor | None] = [None] * len(items)
+def forward_many(model, items: list[tuple[object, torch.Tensor]], last_only: bool = False) -> list[Rows]:
+    """`forward` for several sequences of one model, as Rows: the slot caches among them share one batched
+    forward, and a multi-token row's logits wait until they are asked for."""
+    out: list[Rows | None] = [None] * len(items)
     batch = [j for j, (c, _) in enumerate(items) if isinstance(c, SlotHandle)]
     if batch:
         from .llama_step import forward_batch
@@ -84,5 +86,5 @@ def forward_many(model, items: list[tuple[object, torch.Tensor]], last_only: boo
             out[j] = logits
     for j, (cache, ids) in enumerate(items):
         if out[j] is None:
-            out[j] = forward(model, ids, cache, last_only)
+            out[j] = Rows(forward(model, ids, cache, last_only))
     return out

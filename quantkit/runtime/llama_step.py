@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .fused_proj import fuse, transposed_storage
+from .rows import Rows
 from .slot_cache import SlotHandle, SlotPool
 
 SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
@@ -142,8 +143,8 @@ def layers_forward(model, h: torch.Tensor, cos, sin, mask_add, ks, vs, rows, pos
 
 
 @torch.inference_mode()  # the pool's tensors are written in place by every caller, so all of them run here
-def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only: bool) -> list[torch.Tensor]:
-    """Logits per item: [n_i, V] for every fed token, or [1, V] for the last one when last_only."""
+def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only: bool) -> list["Rows"]:
+    """Logits per item (rows.Rows): [n_i, V] for every fed token, or [1, V] for the last one when last_only."""
     pool = pool_for(model)
     inner = model.model
     emb = inner.embed_tokens
@@ -180,15 +181,17 @@ def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only
                read if contiguous else read.to(device))
         for hd, m in zip(handles, n):
             hd.length += m
-    keep_b, keep_t = [], []
-    for b, m in enumerate(n):
-        ts = [m - 1] if last_only else list(range(m))
-        keep_b += [b] * len(ts)
-        keep_t += ts
-    logits = model.get_output_embeddings()(inner.norm(h[keep_b, keep_t]))
-    out, start = [None] * len(items), 0
-    for b, j in enumerate(order):
-        cnt = 1 if last_only else n[b]
-        out[j] = logits[start: start + cnt]
-        start += cnt
+    head = model.get_output_embeddings()
+    eager = [b for b in range(B) if last_only or n[b] == 1]  # one row each: one batched head call for them all
+    rows_of = {b: [n[b] - 1] if last_only else list(range(n[b])) for b in range(B)}
+    out: list[Rows | None] = [None] * len(items)
+    if eager:
+        logits = head(inner.norm(h[[b for b in eager for _ in rows_of[b]], [t for b in eager for t in rows_of[b]]]))
+        start = 0
+        for b in eager:
+            out[order[b]] = Rows(logits[start: start + len(rows_of[b])])
+            start += len(rows_of[b])
+    for b in range(B):
+        if out[order[b]] is None:  # a verify row: its head waits until the draft is checked (rows.Rows)
+            out[order[b]] = Rows(hidden=inner.norm(h[b, : n[b]]), head=head)
     return out

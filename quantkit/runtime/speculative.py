@@ -15,39 +15,42 @@ from . import sampling
 from .kv_cache import crop_to, forward, new_decode_cache
 
 
-def accept(p: torch.Tensor, q: torch.Tensor | None, draft: list[int], generator: torch.Generator | None,
+def accept(p, q: torch.Tensor | None, draft: list[int], generator: torch.Generator | None,
            greedy: bool) -> tuple[int, int]:
     """Number of drafted tokens kept, and the token the target adds after them.
 
-    p: [k+1, V] target distributions at the k drafted positions plus the one after; q: [k, V] the draft's
-    distributions, or None for a deterministic draft (q is then one-hot on the drafted token).
+    p: [k+1, V] target distributions at the k drafted positions plus the one after, or a function giving row i
+    (asked for in order, and only up to the first refusal, so that a caller can compute them lazily);
+    q: [k, V] the draft's distributions, or None for a deterministic draft (q is then one-hot on the drafted
+    token).
     Rule: keep draft i with probability min(1, p_i(t)/q_i(t)); at the first refusal draw from
     normalise(max(0, p_i - q_i)); if all k are kept draw the extra token from p_k.
     """
     k = len(draft)
+    row = p if callable(p) else p.__getitem__
     if greedy:
         # p is one-hot on the argmax, so the rule reduces to "keep while the draft equals the argmax".
-        target = p.argmax(-1).tolist()
         n = 0
-        while n < k and draft[n] == target[n]:
+        while n < k and draft[n] == int(row(n).argmax()):
             n += 1
-        return n, target[n]
+        return n, int(row(n).argmax())
     u = torch.rand(k, generator=generator).tolist() if k else []
     for i, t in enumerate(draft):
-        pt = p[i, t].item()
+        pi = row(i)
+        pt = pi[t].item()
         qt = 1.0 if q is None else q[i, t].item()
         if qt > 0 and u[i] * qt < pt:  # u < p/q without dividing; p >= q always accepts since u < 1
             continue
         if q is None:
-            residual = p[i].clone()
+            residual = pi.clone()
             residual[t] = 0.0
         else:
-            residual = torch.clamp(p[i] - q[i], min=0.0)
+            residual = torch.clamp(pi - q[i], min=0.0)
         total = residual.sum()
         # A zero residual needs p == q, where refusal has probability 0; guard rounding anyway.
-        residual = p[i] if total <= 0 else residual / total
+        residual = pi if total <= 0 else residual / total
         return i, int(sampling.pick(residual, generator))
-    return k, int(sampling.pick(p[k], generator))
+    return k, int(sampling.pick(row(k), generator))
 
 
 class PromptLookupDrafter:
