@@ -64,3 +64,63 @@ def test_speculating_and_plain_rows_share_a_padded_forward():
         for ids, req in zip(prompts, reqs):
             assert req.seq.output_ids() == generate(model, ids, SamplingParams(max_tokens=16, ignore_eos=True)).output_ids()
     assert sum(r.seq.metrics.spec_steps for r in reqs) > 0
+
+
+def test_a_failing_request_does_not_fail_the_others_in_its_step():
+    """On transformers' path (models our forward does not cover) requests are stepped one by one; when one's
+    forward raises, only that request gets the error."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from helpers import tiny_config
+
+    class Boom(DynamicCache):
+        def __init__(self, config):
+            super().__init__(config=config)
+            self.updates = 0
+
+        def update(self, *a, **kw):
+            self.updates += 1
+            if self.updates > 6:  # 2 layers: the prefill and two decode steps, then it fails
+                raise RuntimeError("boom")
+            return super().update(*a, **kw)
+
+    torch.manual_seed(2)
+    model = AutoModelForCausalLM.from_config(tiny_config("phi3", vocab_size=64, layers=2)).eval()
+    assert not llama_step.supports(model)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, 64, (6,), generator=g).tolist() for _ in range(3)]
+    engine = Engine(model, NumberTokenizer(), max_active=8)
+    done = threading.Semaphore(0)
+    reqs, kinds = [], {}
+    with single_thread():
+        with engine._cv:
+            for i, ids in enumerate(prompts):
+                seq = engine.new_sequence(ids, SamplingParams(max_tokens=6, ignore_eos=True))
+                if i == 0:
+                    seq.cache = Boom(model.config)
+                reqs.append(engine.submit(seq, lambda kind, _p, i=i: kind in ("done", "error")
+                                          and (kinds.__setitem__(i, kind) or done.release())))
+        for _ in prompts:
+            assert done.acquire(timeout=120)
+        engine.close()
+        assert kinds == {0: "error", 1: "done", 2: "done"}
+        for ids, req in zip(prompts[1:], reqs[1:]):
+            assert req.seq.output_ids() == generate(model, ids, SamplingParams(max_tokens=6, ignore_eos=True)).output_ids()
+
+
+def test_a_draft_model_gives_its_slots_back_when_requests_finish():
+    from quantkit.runtime.speculative import ModelDrafter
+
+    target = tiny_llama(vocab_size=64, seed=8, init_std=0.2)
+    draft = tiny_llama(vocab_size=64, seed=9, init_std=0.2)
+    engine = Engine(target, NumberTokenizer(), drafter_factory=lambda: ModelDrafter(draft), num_speculative_tokens=3)
+    done = threading.Semaphore(0)
+    with single_thread():
+        reqs = [engine.submit(engine.new_sequence([5, 6, 7, 8 + i], SamplingParams(max_tokens=10, ignore_eos=True)),
+                              lambda kind, _p: kind in ("done", "error") and done.release()) for i in range(3)]
+        for _ in reqs:
+            assert done.acquire(timeout=120)
+        engine.close()
+    assert all(r.seq.finish_reason == "length" for r in reqs)
+    # released when each request finished, not whenever the garbage collector gets to the engine's locals
+    assert llama_step.pool_for(draft).n_live() == 0 and llama_step.pool_for(target).n_live() == 0

@@ -28,7 +28,7 @@ def test_fused_int4_equals_separate_modules_bit_for_bit(bias):
     x = torch.randn(3, 5, 64, generator=torch.Generator().manual_seed(9))
     with torch.inference_mode():
         want = [m(x) for m in mods]
-        fused = fuse(mods)
+        fused = fuse(mods, relayout=True)
         got = fused(x)
         after = [m(x) for m in mods]
     assert fused.sizes == [128, 64, 64]  # one packed call, not the fallback
@@ -48,7 +48,7 @@ def test_packs_whose_rows_do_not_stack_are_not_fused():
     x = torch.randn(3, 64, generator=torch.Generator().manual_seed(4))
     with torch.inference_mode():
         want = [m(x) for m in mods]
-        got = fuse(mods)(x)
+        got = fuse(mods, relayout=True)(x)
     assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
@@ -57,7 +57,7 @@ def test_act_order_modules_are_not_fused_but_still_right():
     x = torch.randn(2, 64, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         want = [m(x) for m in mods]
-        fused = fuse(mods)
+        fused = fuse(mods, relayout=True)
         got = fused(x)
     assert fused.sizes is None  # separate calls: the permuted pack cannot share one call
     assert all(torch.equal(g, w) for g, w in zip(got, want))
@@ -71,7 +71,7 @@ def test_fused_float_matches_and_shares_storage(n_out, dtype):
     x = torch.randn(4, 64, dtype=dtype)
     with torch.no_grad():
         want = [m(x) for m in mods]
-        fused = fuse(mods)
+        fused = fuse(mods, relayout=True)
         got = fused(x)
         after = [m(x) for m in mods]
     # float32 keeps ~7 significant digits; a different MKL kernel may sum in another order: 1e-5 relative
@@ -85,3 +85,16 @@ def test_fused_float_matches_and_shares_storage(n_out, dtype):
     assert all(base <= p < base + span for p in ends)  # one storage, no copy kept beside it
     transposed = sum(n_out) >= 64 and dtype == torch.float32
     assert (mods[0].weight.stride() == (1, sum(n_out))) == transposed
+
+
+def test_float_weights_stay_as_they_are_without_relayout():
+    """A model the runtime did not load keeps its weights: float projections are then called one by one."""
+    torch.manual_seed(1)
+    mods = [nn.Linear(64, n) for n in (96, 32)]
+    before = [m.weight for m in mods]
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        fused = fuse(mods, relayout=False)
+        got = fused(x)
+        assert fused.sizes is None and all(torch.equal(g, m(x)) for g, m in zip(got, mods))
+    assert all(m.weight is w and w.is_contiguous() for m, w in zip(mods, before))

@@ -123,3 +123,50 @@ def test_other_models_and_kinds_keep_transformers_caches():
     llama = _model("llama")
     assert isinstance(new_decode_cache(llama, slots=False), DynamicCache)
     assert isinstance(new_decode_cache(llama), SlotHandle)
+
+
+def test_an_empty_pool_drops_what_a_long_request_needed():
+    model = _model("llama", seed=9)
+    pool = llama_step.pool_for(model)
+    long = new_decode_cache(model)
+    forward(model, torch.randint(0, 128, (150,), generator=torch.Generator().manual_seed(1)), long, True)
+    assert pool.capacity >= 150
+    long.release()
+    short = new_decode_cache(model)
+    ids = torch.randint(0, 128, (5,), generator=torch.Generator().manual_seed(2))
+    out = forward(model, ids, short, last_only=False)
+    assert pool.capacity == 64 and pool.n_live() == 1
+    assert rel_err(out, _ref(model, ids)) < TOL
+
+
+def test_length_dependent_rope_stays_with_transformers():
+    """Dynamic NTK scaling rescales RoPE from the longest position in a call: in a batch that is another
+    request's, so such models are not batched by our forward."""
+    from transformers import AutoModelForCausalLM
+
+    cfg = tiny_config("llama", vocab_size=128, layers=2)
+    cfg.rope_parameters = {"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10000.0}
+    assert not llama_step.supports(AutoModelForCausalLM.from_config(cfg))
+
+
+def test_decoding_leaves_a_callers_model_as_it_was(tmp_path):
+    """A model the caller built (not one the runtime loaded) keeps ordinary, contiguous weights: it can still be
+    saved, trained and changed in place after decoding, in a bf16 model outside inference mode too."""
+    from quantkit.runtime.generate import Sequence
+    from quantkit.runtime.sampling import SamplingParams
+    from quantkit.runtime.speculative import PromptLookupDrafter
+
+    model = _model("llama", seed=10).to(torch.bfloat16)
+    ids = torch.randint(0, 128, (6,), generator=torch.Generator().manual_seed(3)).tolist()
+    seq = Sequence(model, ids * 2, SamplingParams(max_tokens=8, ignore_eos=True),
+                   drafter=PromptLookupDrafter(2, min_ngram=1))
+    with torch.no_grad():  # not inference mode: the lazy verify rows must still work
+        while not seq.done:
+            seq.step()
+    assert seq.metrics.spec_steps > 0
+    w = model.model.layers[0].self_attn.q_proj.weight
+    assert not w.is_inference() and w.is_contiguous()
+    with torch.no_grad():
+        w.mul_(1.0)
+    model.save_pretrained(tmp_path / "saved")
+    assert (tmp_path / "saved" / "config.json").exists()

@@ -5,6 +5,7 @@ import copy
 
 import torch
 
+from quantkit.runtime import compiled as steps
 from quantkit.runtime.build import compile_decode
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
@@ -15,8 +16,8 @@ from quantkit.runtime.tiny import single_thread, tiny_llama
 def test_compiled_decode_matches_eager_greedy_tokens():
     eager = tiny_llama(vocab_size=128, hidden=64, layers=2, seed=7, init_std=0.2)
     compiled = compile_decode(copy.deepcopy(eager))
-    step, calls = compiled._quantkit_slot_step, []
-    compiled._quantkit_slot_step = lambda m, h, *a: calls.append(h.shape[1]) or step(m, h, *a)
+    step, calls = steps.step(compiled, "slot"), []
+    steps.set_step(compiled, "slot", lambda m, h, *a: calls.append(h.shape[1]) or step(m, h, *a))
     g = torch.Generator().manual_seed(2)
     chunk = torch.randint(1, 128, (9,), generator=g).tolist()
     prompts = [chunk + [3] + chunk[:4], torch.randint(1, 128, (7,), generator=g).tolist()]
@@ -69,8 +70,8 @@ def test_compiled_decode_of_a_model_outside_our_forward_uses_transformers_path()
     eager = AutoModelForCausalLM.from_config(tiny_config("phi3", vocab_size=128, layers=2)).eval()
     assert not llama_step.supports(eager)
     compiled = compile_decode(copy.deepcopy(eager))
-    step, calls = compiled._quantkit_decode, []
-    compiled._quantkit_decode = lambda **kw: calls.append(kw["input_ids"].shape[1]) or step(**kw)
+    step, calls = steps.step(compiled, "decode"), []
+    steps.set_step(compiled, "decode", lambda **kw: calls.append(kw["input_ids"].shape[1]) or step(**kw))
     ids = torch.randint(1, 128, (9,), generator=torch.Generator().manual_seed(4)).tolist()
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     with single_thread(), torch.inference_mode():
@@ -92,3 +93,10 @@ def test_two_compiled_models_of_the_same_shapes_keep_their_own_weights():
         compile_decode(b)
         assert generate(a, ids, params).output_ids() == want_a
         assert generate(b, ids, params).output_ids() == want_b
+        # a copy of a compiled model (as a self-w4 draft is made) runs its own weights, not a's compiled graph
+        c = copy.deepcopy(a)
+        with torch.no_grad():
+            for p in c.parameters():
+                p.mul_(-1.0)
+        want_c = generate(copy.deepcopy(c), ids, params).output_ids()
+        assert want_c != want_a and generate(c, ids, params).output_ids() == want_c

@@ -55,6 +55,10 @@ def load_model(path: str, dtype=None):
 
         # CPU matmuls in float16 are slow and inexact; float32 is the sensible default here.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    from .llama_step import RELAYOUT_ATTR
+
+    # this model only decodes: its float weights may be re-laid out for speed (fused_proj.py)
+    setattr(model, RELAYOUT_ATTR, True)
     return model.eval()
 
 
@@ -67,9 +71,11 @@ def compile_decode(model):
     opt-in. Outputs equal the eager model's up to float summation order."""
     from .llama_step import layers_forward
 
-    model._quantkit_decode = torch.compile(model.forward, dynamic=True)  # transformers' path (other models)
-    model._quantkit_slot_step = torch.compile(_own_copy(layers_forward, model), dynamic=True,
-                                              options={"guard_filter_fn": _fixed_model_guards})
+    from . import compiled
+
+    compiled.set_step(model, "decode", torch.compile(model.forward, dynamic=True))  # transformers' path
+    compiled.set_step(model, "slot", torch.compile(_own_copy(layers_forward, model), dynamic=True,
+                                                   options={"guard_filter_fn": _fixed_model_guards}))
     return model
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from .generate import Sequence
-from .kv_cache import forward_many, release
+from .kv_cache import crop_to, forward_many
 from .metrics import ServerMetrics
 
 
@@ -102,7 +102,7 @@ class Engine:
             live = []
             for req in self._active:
                 if req.cancelled:
-                    release(req.seq.cache)
+                    req.seq.release()
                 else:
                     live.append(req)
             # A prefill runs on its own: padding one-token rows to a prompt's length would waste the batch.
@@ -128,12 +128,20 @@ class Engine:
             return
         try:
             logits = forward_many(self.model, [(r.seq.cache, ids) for r, ids in fed])
-        except Exception as e:
-            for req, _ in fed:
-                self._fail(req, e)
-            return
+        except Exception:
+            # find who it was: each request alone (a request whose forward ran before the failure has its
+            # cache one step ahead, so roll every cache back to where this step began)
+            logits = []
+            for req, ids in fed:
+                crop_to(req.seq.cache, req.seq.ids.shape[0] - 1)
+                try:
+                    logits.append(forward_many(self.model, [(req.seq.cache, ids)])[0])
+                except Exception as e:
+                    self._fail(req, e)
+                    logits.append(None)
         for (req, _), lg in zip(fed, logits):
-            self._deliver(req, lambda r=req, x=lg: r.seq.finish(x))
+            if lg is not None:
+                self._deliver(req, lambda r=req, x=lg: r.seq.finish(x))
 
     def _deliver(self, req: Request, run) -> None:
         try:
@@ -148,7 +156,7 @@ class Engine:
 
     def _fail(self, req: Request, e: Exception) -> None:
         req.failed = True
-        release(req.seq.cache)
+        req.seq.release()
         req.on_event("error", f"{type(e).__name__}: {e}")
 
     def _finish(self, req: Request) -> None:

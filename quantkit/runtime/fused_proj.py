@@ -102,9 +102,11 @@ def _float_fused(mods) -> Fused | None:
     return Fused(lambda x: F.linear(x, weight, bias), [m.out_features for m in mods])
 
 
-def fuse(mods: list[nn.Module]) -> Fused:
-    """The projections as one call where their kind allows it, else as separate calls."""
-    fused = _int4_fused(mods) or _float_fused(mods)
+def fuse(mods: list[nn.Module], relayout: bool) -> Fused:
+    """The projections as one call where their kind allows it, else as separate calls. relayout: the float
+    weights may be replaced by views into one new tensor (the runtime's own models only: a view-laid weight
+    cannot be saved by transformers' save_pretrained); int4 fusion leaves the checkpoint tensors as they are."""
+    fused = _int4_fused(mods) or (_float_fused(mods) if relayout else None)
     if fused is not None:
         return fused
     return Fused(lambda x: tuple(m(x) for m in mods), None)

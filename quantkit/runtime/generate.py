@@ -153,10 +153,16 @@ class Sequence:
         if self.done and self.detok is not None and out:
             out[-1].text += self.detok.flush()
         if self.done:
-            release(self.cache)
+            self.release()
         self.metrics.on_tokens(len(out))
         self.tokens.extend(out)
         return out
+
+    def release(self) -> None:
+        """Give back this sequence's KV cache slots (its own and its draft model's) now, not at collection."""
+        release(self.cache)
+        if self.drafter is not None and hasattr(self.drafter, "cache"):
+            release(self.drafter.cache)
 
     def output_ids(self) -> list[int]:
         return self.ids[self.n_prompt:].tolist()

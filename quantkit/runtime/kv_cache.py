@@ -11,6 +11,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
+from . import compiled
 from .rows import Rows
 from .slot_cache import SlotHandle
 
@@ -66,7 +67,7 @@ def forward(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
         from .llama_step import forward_batch
 
         return forward_batch(model, [(cache, ids)], last_only)[0].all()
-    step = getattr(model, "_quantkit_decode", None)  # build.compile_decode's compiled forward, if any
+    step = compiled.step(model, "decode")  # build.compile_decode's compiled forward, if any
     if step is None or cache.get_seq_length() == 0:
         step = model
     out = step(input_ids=ids.unsqueeze(0), use_cache=True, logits_to_keep=1 if last_only else 0,

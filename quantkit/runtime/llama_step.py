@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from torch import nn
 
+from . import compiled
 from .fused_proj import fuse, transposed_storage
 from .rows import Rows
 from .slot_cache import SlotHandle, SlotPool
@@ -28,12 +29,17 @@ SUPPORTED = ("llama", "mistral", "qwen2", "qwen3")
 
 def supports(model) -> bool:
     """Model types whose decoder layer is exactly: norm, q/k/v (+ optional per-head q/k norm), RoPE, attention
-    over every earlier position, o_proj, residual, norm, MLP, residual. Sliding windows are left to transformers."""
+    over every earlier position, o_proj, residual, norm, MLP, residual. Sliding windows, and RoPE variants that
+    depend on the sequence length, are left to transformers."""
     cfg = getattr(model, "config", None)
     if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
         return False
     window = getattr(cfg, "sliding_window", None)
     if window is not None and getattr(cfg, "use_sliding_window", cfg.model_type == "mistral"):
+        return False
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) in ("dynamic", "longrope"):
+        # these rescale RoPE from the longest position in the call, which in a batch is another request's
         return False
     inner = getattr(model, "model", None)
     return inner is not None and hasattr(inner, "layers") and hasattr(inner, "rotary_emb")
@@ -61,17 +67,21 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
+RELAYOUT_ATTR = "_quantkit_relayout"  # set by build.load_model: the runtime owns the model's weight layout
+
+
 class _Plan:
     """Per model, made once: each layer's fused q/k/v and gate/up calls (fused_proj.py)."""
 
     def __init__(self, model):
         self.qkv, self.gate_up = [], []
+        relayout = bool(getattr(model, RELAYOUT_ATTR, False))
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            self.qkv.append(fuse([attn.q_proj, attn.k_proj, attn.v_proj]))
-            self.gate_up.append(fuse([mlp.gate_proj, mlp.up_proj]))
+            self.qkv.append(fuse([attn.q_proj, attn.k_proj, attn.v_proj], relayout))
+            self.gate_up.append(fuse([mlp.gate_proj, mlp.up_proj], relayout))
         head = model.get_output_embeddings()
-        if type(head) is nn.Linear and head.weight.device.type == "cpu" and head.weight.dtype == torch.float32 \
+        if relayout and type(head) is nn.Linear and head.weight.device.type == "cpu" and head.weight.dtype == torch.float32 \
                 and head.out_features >= head.in_features:
             # a float32 head streams ~1.8x faster stored transposed (fused_proj.py); a tied embedding takes the
             # same view, so its row lookups still read the one table
@@ -89,7 +99,10 @@ _PLANS: "weakref.WeakKeyDictionary[torch.nn.Module, _Plan]" = weakref.WeakKeyDic
 def plan_for(model) -> _Plan:
     plan = _PLANS.get(model)
     if plan is None:
-        plan = _PLANS[model] = _Plan(model)
+        # outside inference mode: tensors made here replace module weights, which must stay ordinary tensors
+        # (loadable, trainable, writable in place) for whatever else the caller does with the model
+        with torch.inference_mode(False), torch.no_grad():
+            plan = _PLANS[model] = _Plan(model)
     return plan
 
 
@@ -175,7 +188,7 @@ def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only
         h = emb(ids.to(device))
         cos, sin = inner.rotary_emb(h, pos.to(device))
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        step = getattr(model, "_quantkit_slot_step", None)
+        step = compiled.step(model, "slot")
         fn = step if step is not None and T <= 16 and all(hd.length for hd in handles) else layers_forward
         h = fn(model, h, cos, sin, mask.to(device), pool.k, pool.v, rows.to(device), pos.to(device),
                read if contiguous else read.to(device))

@@ -26,7 +26,8 @@ class Rows:
             return self._logits[:stop]
         if self._done < stop:
             end = 1 if self._done == 0 and stop == 1 else self.n
-            self._parts.append(self._head(self._hidden[self._done: end]))
+            with torch.inference_mode():  # the hidden states were made under it, and nothing here needs grad
+                self._parts.append(self._head(self._hidden[self._done: end]))
             self._done = end
             if end == self.n:
                 self._logits = torch.cat(self._parts) if len(self._parts) > 1 else self._parts[0]

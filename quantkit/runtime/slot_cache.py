@@ -7,7 +7,8 @@ keys at each row's own positions, a rejected speculation rolls back by lowering 
 attends over its rows with a mask that hides every position past a row's length (llama_step.py).
 
 Live slots stay packed at the front (a released slot takes the last live row), so a step over every live
-sequence reads a plain slice. Storage grows by doubling (slots and positions), so the
+sequence reads a plain slice. Every slot has the capacity of the longest sequence (a limitation: one long
+request makes every row long until the pool empties, when the storage is dropped). Storage grows by doubling (slots and positions), so the
 copies it costs are amortised. Slots are assigned and compacted only under `lock` by the forwarding code;
 `release()` (or dropping the handle) may happen on any thread and takes effect at the next forward.
 """
@@ -69,6 +70,8 @@ class SlotPool:
         """Free the slots of released or dropped handles, give new handles a slot, and make room for `need_len`
         positions in every row. Call with `lock` held."""
         self._sweep()
+        if not self.live:  # nothing cached: start again small rather than keep what one long request needed
+            self.k, self.v = [], []
         for h in handles:
             if h.released:
                 raise RuntimeError("this sequence's KV cache was released; start a new sequence")
@@ -106,6 +109,7 @@ class SlotPool:
         cap = max(64, self.capacity)
         while cap < length:
             cap *= 2
+        cap = max(length, min(cap, self.max_len))  # the context limit, plus a verify's padding past it
         shape = (slots, cap, self.kv_heads, self.head_dim)
         old = self.k, self.v
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.n_layers)]
