@@ -1,9 +1,9 @@
 """Speculative decoding on the three prompt sets: tokens/s and tokens per target forward.
 
 Usage: python bench/speculative.py [--w4 CHECKPOINT] [--tokens 64] [--prompts 2] [-k 4]
-Rows: no speculation; prompt lookup; self-w4 draft (the target's own W4 RTN weights, fake-quantised in memory:
-no second small model with this tokenizer exists here, so this is the draft model row); the W4 checkpoint as
-draft when --w4 is given; transformers' generate plain, with prompt_lookup_num_tokens and with
+Rows: no speculation; prompt lookup; self-w4 draft (the target's own W4 RTN weights, packed in memory as
+`--draft self-w4` makes them: no second small model with this tokenizer exists here, so this is the draft model
+row); the W4 checkpoint as draft when --w4 is given; transformers' generate plain, with prompt_lookup_num_tokens and with
 assistant_model (the same self-w4 copy) as the reference. Greedy, so every row produces the same text.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main():
     tok = build.load_tokenizer("embedded")
     model = build.load_model("embedded", torch.float32)
     eos = eos_ids(model, tok)
-    draft = self_w4_draft(model)
+    draft = self_w4_draft(model, packed=True)
     w4 = build.load_model(a.w4, torch.float32) if a.w4 else None
     k = a.k
     print(f"torch threads: {torch.get_num_threads()}, {a.prompts} prompts per set, up to {a.tokens} tokens, "
@@ -61,7 +61,7 @@ def main():
             rows = [("quantkit, no speculation", ours(k, None)),
                     (f"quantkit, prompt lookup k={k}", ours(k, lambda: PromptLookupDrafter(a.ngram))),
                     (f"quantkit, prompt lookup k={a.lookup_k}", ours(a.lookup_k, lambda: PromptLookupDrafter(a.ngram))),
-                    ("quantkit, self-w4 draft (fake-quant copy)", ours(k, lambda: ModelDrafter(draft)))]
+                    ("quantkit, self-w4 draft (packed)", ours(k, lambda: ModelDrafter(draft)))]
             if w4 is not None:
                 rows.append(("quantkit, W4 checkpoint draft", ours(k, lambda: ModelDrafter(w4))))
             rows += [("transformers generate", decode_hf(model, prompts, a.tokens)),

@@ -113,7 +113,7 @@ def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_looku
     if not draft:
         return None
     if draft == "self-w4":
-        draft_model = self_w4_draft(target)
+        draft_model = self_w4_draft(target, packed=True)
     else:
         draft_model = load_model(draft, dtype)
         check_vocab(target, draft_model, tokenizer, load_tokenizer(draft))

@@ -135,11 +135,13 @@ def check_vocab(target, draft, target_tok=None, draft_tok=None) -> None:
                         "use a draft with the same tokenizer, or --prompt-lookup / --draft self-w4")
 
 
-def self_w4_draft(model, group_size: int = 128):
-    """A copy of `model` whose Linear weights are replaced by their W4 RTN dequantised values (lm_head kept).
+def self_w4_draft(model, group_size: int = 128, packed: bool = False):
+    """A copy of `model` whose Linear weights are its own W4 RTN quantisation (lm_head kept).
 
-    Fake quantisation: it shows what the W4 checkpoint would draft (same tokens), not its speed; a real W4
-    checkpoint loaded with the runtime's loader drafts faster.
+    packed=False: fake quantisation, the dequantised values in float Linears; the same draft tokens as the W4
+    checkpoint up to activation rounding, at the float model's speed. packed=True (what `--draft self-w4` uses
+    on a CPU): QuantLinear modules holding the packed codes, run by torch's int4 op with bf16 activations, and
+    a float16 copy of a float32 head, as the runtime loads a W4 checkpoint.
     """
     from ..schemes import get_scheme
     from ..solvers.rtn import rtn_quantize
@@ -147,13 +149,39 @@ def self_w4_draft(model, group_size: int = 128):
     draft = copy.deepcopy(model)
     head = draft.get_output_embeddings()
     with torch.no_grad():
-        for name, mod in draft.named_modules():
-            if not isinstance(mod, torch.nn.Linear) or mod is head:
+        for name, mod in list(draft.named_modules()):
+            if type(mod) is not torch.nn.Linear or mod is head:
                 continue
             n_in = mod.weight.shape[1]
             # The largest of group_size, /2, /4 dividing the width (SmolLM2's 576 takes 64), as quantize does.
             gs = next((g for g in (group_size, group_size // 2, group_size // 4) if g and n_in % g == 0), -1)
-            scheme = get_scheme("w4a16").with_options(group_size=gs)
-            w = rtn_quantize(mod.weight.data, scheme).dequantize()
-            mod.weight.data = w.to(mod.weight.dtype)
+            qw = rtn_quantize(mod.weight.data, get_scheme("w4a16").with_options(group_size=gs))
+            if packed:
+                _set_module(draft, name, _packed_w4(mod, qw, gs))
+            else:
+                mod.weight.data = qw.dequantize().to(mod.weight.dtype)
+    if packed:
+        from .half_head import use_half_head
+
+        use_half_head(draft)
     return draft
+
+
+def _packed_w4(linear: torch.nn.Linear, qw, group_size: int):
+    from ..formats.pack import pack_int32
+    from ..nn import QuantLinear
+
+    dtype = linear.weight.dtype
+    m = QuantLinear(linear.in_features, linear.out_features, 4, group_size, symmetric=True,
+                    bias=linear.bias is not None, dtype=dtype)
+    m.weight_packed = pack_int32(qw.q, 4)
+    m.weight_scale = qw.scale.to(dtype).reshape(linear.out_features, -1)
+    if linear.bias is not None:
+        m.bias.data.copy_(linear.bias.data)
+    m.cpu_bf16_activations = linear.weight.device.type == "cpu"  # torch's packed int4 op, as the loader sets it
+    return m
+
+
+def _set_module(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, child, new)
