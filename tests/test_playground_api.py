@@ -246,3 +246,22 @@ def test_stream_chunks_carry_running_speculation_totals(server):
         assert all(a[key] <= b[key] for a, b in zip(totals, totals[1:]))  # running totals never go back
     final = httpx.get(f"{server.url}/v1/details/{rid}").json()["metrics"]
     assert totals[-1] == {k: final[k] for k in ("drafted", "accepted", "spec_steps")} and final["drafted"] > 0
+
+
+def test_compare_base_is_compiled_with_the_served_model(folders):
+    """`serve --compile --compare BASE`: both models decode through compiled steps, so their speeds compare."""
+    from quantkit.runtime import build, compiled
+    from quantkit.runtime.engine import Engine
+    from quantkit.runtime.playground import load_compare
+
+    served = build.load_model(str(folders["quant"]))
+    engine = Engine(served, build.load_tokenizer(str(folders["quant"])))
+    try:
+        plain = load_compare(str(folders["base"]), engine)
+        fast = load_compare(str(folders["base"]), engine, compile_=True)
+        assert compiled.step(plain.engine.model, "slot") is None
+        assert compiled.step(fast.engine.model, "slot") is not None
+        plain.engine.close()
+        fast.engine.close()
+    finally:
+        engine.close()

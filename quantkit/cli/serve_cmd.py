@@ -66,8 +66,8 @@ def serve_cmd(
                     max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch,
                     kv_cache=kv_cache)
     try:
-        base = load_compare(compare, engine, dtype=dt, prompt_lookup=prompt_lookup, max_active=max_batch,
-                            max_queue=max_queue, spec_max_batch=spec_max_batch) if compare else None
+        base = load_compare(compare, engine, dtype=dt, prompt_lookup=prompt_lookup, compile_=compile_,
+                            max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch) if compare else None
     except BaseException:
         engine.close()
         raise

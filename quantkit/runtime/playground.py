@@ -91,9 +91,10 @@ def teacher_forced_kl(model, base, ids: list[int], n_prompt: int) -> dict:
 
 
 def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prompt_lookup: int | None = None,
-                 **engine_kw) -> CompareModel:
+                 compile_: bool = False, **engine_kw) -> CompareModel:
     """`--compare BASE`: load the base model next to the served one, checked to share its tokenizer, with its
-    own engine. It drafts by prompt lookup when the served model does (no second draft model is loaded)."""
+    own engine. It drafts by prompt lookup when the served model does (no second draft model is loaded), and
+    is compiled when the served one is (`--compile`), so that their speeds compare like for like."""
     from . import build
     from .engine import Engine
     from .speculative import PromptLookupDrafter
@@ -101,6 +102,8 @@ def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prom
     base = build.load_model(path, dtype)
     base_tok = build.load_tokenizer(path)
     check_same_vocab(engine.model, base, engine.tokenizer, base_tok)
+    if compile_:
+        build.compile_decode(base)
     drafter = (lambda: PromptLookupDrafter(prompt_lookup)) if prompt_lookup else None
     base_engine = Engine(base, base_tok, drafter_factory=drafter, num_speculative_tokens=engine.k, **engine_kw)
     return CompareModel(base_engine, name or Path(build.resolve_path(path)).name)
