@@ -170,3 +170,20 @@ def test_decoding_leaves_a_callers_model_as_it_was(tmp_path):
         w.mul_(1.0)
     model.save_pretrained(tmp_path / "saved")
     assert (tmp_path / "saved" / "config.json").exists()
+
+
+def test_storage_shrinks_when_the_long_request_leaves():
+    """Every slot is as long as the longest live sequence; once that one leaves, the storage fits the rest again
+    (at four times what is needed, so that growing and shrinking do not alternate)."""
+    model = _model("llama", seed=12)
+    pool = llama_step.pool_for(model)
+    g = torch.Generator().manual_seed(4)
+    short_ids = torch.randint(0, 128, (12,), generator=g)
+    short, long = new_decode_cache(model), new_decode_cache(model)
+    forward(model, short_ids[:5], short, True)
+    forward(model, torch.randint(0, 128, (300,), generator=g), long, True)
+    assert pool.capacity >= 300
+    long.release()
+    out = forward(model, short_ids[5:], short, last_only=False)
+    assert pool.capacity == 64 and pool.n_live() == 1
+    assert rel_err(out, _ref(model, short_ids)[5:]) < TOL

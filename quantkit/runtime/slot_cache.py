@@ -8,7 +8,8 @@ attends over its rows with a mask that hides every position past a row's length 
 
 Live slots stay packed at the front (a released slot takes the last live row), so a step over every live
 sequence reads a plain slice. Every slot has the capacity of the longest sequence (a limitation: one long
-request makes every row long until the pool empties, when the storage is dropped). Storage grows by doubling (slots and positions), so the
+request makes every row long while it lives); the storage shrinks again once it is four times what the live
+sequences need. Storage grows by doubling (slots and positions), so the
 copies it costs are amortised. Slots are assigned and compacted only under `lock` by the forwarding code;
 `release()` (or dropping the handle) may happen on any thread and takes effect at the next forward.
 """
@@ -101,24 +102,35 @@ class SlotPool:
                 # index i is checked again: what moved in may itself be gone
 
     def _grow(self, rows: int, length: int, dtype: torch.dtype, device) -> None:
-        if self.k and self.slots >= rows and self.capacity >= length and self.k[0].dtype == dtype:
-            return
-        slots = max(4, self.slots)
+        """Fit the storage to `rows` live slots of `length` positions: grow by doubling, and shrink once it is
+        four times what is needed (after a long or crowded moment has passed), so neither direction churns."""
+        longest = max([h.length for h in map(lambda r: r(), self.live) if h is not None] + [length])
+        slots, cap = 4, 64
         while slots < rows:
             slots *= 2
-        cap = max(64, self.capacity)
-        while cap < length:
+        while cap < longest:
             cap *= 2
-        cap = max(length, min(cap, self.max_len))  # the context limit, plus a verify's padding past it
+        cap = max(longest, min(cap, self.max_len))  # the context limit, plus a verify's padding past it
+        if self.k and self.k[0].dtype == dtype:
+            fits = self.slots >= rows and self.capacity >= longest
+            oversized = self.slots >= 4 * slots or self.capacity >= 4 * cap
+            if fits and not oversized:
+                return
+            if fits:  # shrink only the dimension that is oversized
+                slots = slots if self.slots >= 4 * slots else self.slots
+                cap = cap if self.capacity >= 4 * cap else self.capacity
+            else:  # grow, keeping a dimension that still fits as it is
+                slots, cap = max(slots, self.slots if self.slots >= rows else slots), \
+                    max(cap, self.capacity if self.capacity >= longest else cap)
         shape = (slots, cap, self.kv_heads, self.head_dim)
         old = self.k, self.v
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.n_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.n_layers)]
         for t in self.k + self.v:
-            # a compiled step would otherwise specialise on the first sizes and recompile (~40 s) at each growth
+            # a compiled step would otherwise specialise on the first sizes and recompile (~40 s) at each resize
             torch._dynamo.maybe_mark_dynamic(t, 0)
             torch._dynamo.maybe_mark_dynamic(t, 1)
         if old[0]:
-            s, c = old[0][0].shape[:2]
+            s, c = min(old[0][0].shape[0], slots), min(old[0][0].shape[1], cap)
             for new, prev in zip(self.k + self.v, old[0] + old[1]):
-                new[:s, :c].copy_(prev.to(dtype))
+                new[:s, :c].copy_(prev[:s, :c].to(dtype))
