@@ -65,13 +65,12 @@ def load_model(path: str, dtype=None):
 def compile_decode(model):
     """torch.compile the decode step (`--compile`), with dynamic shapes so that the growing cache and the varying
     number of verified tokens do not recompile. Prefills stay eager (kv_cache.forward, llama_step.forward_batch):
-    a fresh cache's lazy per-layer set-up would otherwise recompile at every new request. On a CPU this removes much of the per-op
-    overhead of transformers' modules, which dominates a W4 decode step (docs/benchmarks.md); in float32 the
-    matmuls dominate and it gains little. The first decode step compiles (about a minute on 2 cores), so it is
+    a fresh cache's lazy per-layer set-up would otherwise recompile at every new request. On a CPU this removes
+    much of the per-op overhead, which dominates a W4 decode step (docs/benchmarks.md); in float32 the matmuls
+    dominate and it gains little. The first decode step compiles (about a minute on 2 cores), so it is
     opt-in. Outputs equal the eager model's up to float summation order."""
-    from .llama_step import layers_forward
-
     from . import compiled
+    from .llama_step import layers_forward
 
     compiled.set_step(model, "decode", torch.compile(model.forward, dynamic=True))  # transformers' path
     compiled.set_step(model, "slot", torch.compile(_own_copy(layers_forward, model), dynamic=True,

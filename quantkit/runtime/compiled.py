@@ -12,13 +12,9 @@ from typing import Callable
 _STEPS: "weakref.WeakKeyDictionary[object, dict[str, Callable]]" = weakref.WeakKeyDictionary()
 
 
-def set_step(model, kind: str, fn: Callable | None) -> None:
+def set_step(model, kind: str, fn: Callable) -> None:
     """kind: "decode" (transformers' forward) or "slot" (llama_step.layers_forward)."""
-    steps = _STEPS.setdefault(model, {})
-    if fn is None:
-        steps.pop(kind, None)
-    else:
-        steps[kind] = fn
+    _STEPS.setdefault(model, {})[kind] = fn
 
 
 def step(model, kind: str) -> Callable | None:

@@ -44,8 +44,6 @@ def _int4_fused(mods) -> Fused | None:
         return None  # act-order column order or padded rows: each module keeps its own call
     if len({p.group for p in packs}) != 1 or not all(m.cpu_bf16_activations for m in mods):
         return None
-    if any(m.bias is not None for m in mods) and not all(m.bias is not None for m in mods):
-        return None
     if dispatch.forced_kernel() is not None:
         return None
     stacked = torch.cat([p.packed for p in packs])
@@ -87,10 +85,8 @@ def _float_fused(mods) -> Fused | None:
     w0 = mods[0].weight
     if w0.device.type != "cpu" or any(m.weight.dtype != w0.dtype or m.weight.device != w0.device for m in mods):
         return None
-    if any(m.bias is not None for m in mods) and not all(m.bias is not None for m in mods):
-        return None
     n, k = sum(m.out_features for m in mods), mods[0].in_features
-    if n >= k and w0.dtype == torch.float32:  # the faster layout (module docstring); fp16/bf16 run slower so
+    if n >= k and w0.dtype == torch.float32:  # the faster layout (module docstring); fp16/bf16 are slower so
         wt, views = transposed_storage([m.weight for m in mods])
         weight = wt.t()
     else:
@@ -106,7 +102,8 @@ def fuse(mods: list[nn.Module], relayout: bool) -> Fused:
     """The projections as one call where their kind allows it, else as separate calls. relayout: the float
     weights may be replaced by views into one new tensor (the runtime's own models only: a view-laid weight
     cannot be saved by transformers' save_pretrained); int4 fusion leaves the checkpoint tensors as they are."""
-    fused = _int4_fused(mods) or (_float_fused(mods) if relayout else None)
-    if fused is not None:
-        return fused
+    if len({m.bias is None for m in mods}) == 1:  # one fused bias needs all of them or none
+        fused = _int4_fused(mods) or (_float_fused(mods) if relayout else None)
+        if fused is not None:
+            return fused
     return Fused(lambda x: tuple(m(x) for m in mods), None)

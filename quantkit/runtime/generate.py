@@ -91,7 +91,7 @@ class Sequence:
 
     def plan(self, speculate: bool = True) -> torch.Tensor:
         """The ids the next target forward feeds: the whole prompt first, then the last token plus any draft.
-        Call `finish(logits)` with that forward's logits (every row; only the last is used for the prefill)."""
+        Call `finish(rows)` with that forward's logits (every row; only the last is used for the prefill)."""
         self._draft, self._q = [], None
         if not self.prefilled:
             return self.ids
@@ -101,11 +101,9 @@ class Sequence:
         draft = self._draft
         return torch.cat([self.ids[-1:], torch.tensor(draft, dtype=torch.long)]) if draft else self.ids[-1:]
 
-    def finish(self, rows) -> list[TokenInfo]:
-        """rows: the forward's logits, as a tensor or as rows.Rows (computed as far as acceptance needs)."""
+    def finish(self, rows: Rows) -> list[TokenInfo]:
+        """rows: the forward's logits (kv_cache.forward_many), computed as far as acceptance needs them."""
         self.metrics.target_forwards += 1
-        if not isinstance(rows, Rows):
-            rows = Rows(rows)
         draft = self._draft
         if not draft:
             logits = rows.all()

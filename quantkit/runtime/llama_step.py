@@ -81,7 +81,8 @@ class _Plan:
             self.qkv.append(fuse([attn.q_proj, attn.k_proj, attn.v_proj], relayout))
             self.gate_up.append(fuse([mlp.gate_proj, mlp.up_proj], relayout))
         head = model.get_output_embeddings()
-        if relayout and type(head) is nn.Linear and head.weight.device.type == "cpu" and head.weight.dtype == torch.float32 \
+        w = getattr(head, "weight", None)
+        if relayout and type(head) is nn.Linear and w.device.type == "cpu" and w.dtype == torch.float32 \
                 and head.out_features >= head.in_features:
             # a float32 head streams ~1.8x faster stored transposed (fused_proj.py); a tied embedding takes the
             # same view, so its row lookups still read the one table
@@ -128,9 +129,9 @@ def _attend(q, k, v, mask_add, scale):
 
 
 def layers_forward(model, h: torch.Tensor, cos, sin, mask_add, ks, vs, rows, pos, read) -> torch.Tensor:
-    """The decoder layers over hidden states h [B, T, D]. ks/vs: per-layer caches [slots, positions, heads, d]; rows/pos [B, T] where
-    each new key goes; `read` the slot rows to attend over (a slice or an index tensor); mask_add [B, 1, T, Lk]
-    holds 0 where a query may look and -inf where it may not."""
+    """The decoder layers over hidden states h [B, T, D]. ks/vs: per-layer caches [slots, positions, heads, d];
+    rows/pos [B, T] where each new key goes; `read` the slot rows to attend over (a slice or an index tensor);
+    mask_add [B, 1, T, Lk] holds 0 where a query may look and -inf where it may not."""
     B, T, _ = h.shape
     Lk = mask_add.shape[-1]
     plan = plan_for(model)
@@ -180,9 +181,8 @@ def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only
         rows = slots[:, None].expand(B, T)
         first = int(slots[0])
         contiguous = bool(torch.equal(slots, torch.arange(first, first + B)))
-        read = slice(first, first + B) if contiguous else slots
-        Lk = need
-        visible = (torch.arange(Lk)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
+        read = slice(first, first + B) if contiguous else slots.to(device)
+        visible = (torch.arange(need)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
         plan_for(model)  # before the embedding lookup: it may re-lay the tied table out
         h = emb(ids.to(device))
@@ -190,8 +190,7 @@ def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         step = compiled.step(model, "slot")
         fn = step if step is not None and T <= 16 and all(hd.length for hd in handles) else layers_forward
-        h = fn(model, h, cos, sin, mask.to(device), pool.k, pool.v, rows.to(device), pos.to(device),
-               read if contiguous else read.to(device))
+        h = fn(model, h, cos, sin, mask.to(device), pool.k, pool.v, rows.to(device), pos.to(device), read)
         for hd, m in zip(handles, n):
             hd.length += m
     head = model.get_output_embeddings()

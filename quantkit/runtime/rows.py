@@ -12,27 +12,26 @@ class Rows:
 
     def __init__(self, logits: torch.Tensor | None = None, hidden: torch.Tensor | None = None, head=None):
         self.n = logits.shape[0] if logits is not None else hidden.shape[0]
-        self._logits = logits
+        self._logits = logits  # every row, once computed
+        self._first = None  # row 0 alone, while the rest is not needed yet
         self._hidden, self._head = hidden, head
-        self._parts: list[torch.Tensor] = []
-        self._done = 0
 
     def __len__(self) -> int:
         return self.n
 
     def upto(self, stop: int) -> torch.Tensor:
         """Logits of rows [0, stop)."""
-        if self._logits is not None:
-            return self._logits[:stop]
-        if self._done < stop:
-            end = 1 if self._done == 0 and stop == 1 else self.n
+        if self._logits is None:
             with torch.inference_mode():  # the hidden states were made under it, and nothing here needs grad
-                self._parts.append(self._head(self._hidden[self._done: end]))
-            self._done = end
-            if end == self.n:
-                self._logits = torch.cat(self._parts) if len(self._parts) > 1 else self._parts[0]
-                return self._logits[:stop]
-        return torch.cat(self._parts)[:stop] if len(self._parts) > 1 else self._parts[0][:stop]
+                if stop <= 1 and self.n > 1:
+                    if self._first is None:
+                        self._first = self._head(self._hidden[:1])
+                    return self._first[:stop]
+                if self._first is None:
+                    self._logits = self._head(self._hidden)
+                else:
+                    self._logits = torch.cat([self._first, self._head(self._hidden[1:])])
+        return self._logits[:stop]
 
     def all(self) -> torch.Tensor:
         return self.upto(self.n)

@@ -9,9 +9,9 @@ attends over its rows with a mask that hides every position past a row's length 
 Live slots stay packed at the front (a released slot takes the last live row), so a step over every live
 sequence reads a plain slice. Every slot has the capacity of the longest sequence (a limitation: one long
 request makes every row long while it lives); the storage shrinks again once it is four times what the live
-sequences need. Storage grows by doubling (slots and positions), so the
-copies it costs are amortised. Slots are assigned and compacted only under `lock` by the forwarding code;
-`release()` (or dropping the handle) may happen on any thread and takes effect at the next forward.
+sequences need. Storage grows by doubling (slots and positions), so the copies it costs are amortised. Slots
+are assigned and compacted only under `lock` by the forwarding code; `release()` (or dropping the handle) may
+happen on any thread and takes effect at the next forward.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ class SlotPool:
     def _grow(self, rows: int, length: int, dtype: torch.dtype, device) -> None:
         """Fit the storage to `rows` live slots of `length` positions: grow by doubling, and shrink once it is
         four times what is needed (after a long or crowded moment has passed), so neither direction churns."""
-        longest = max([h.length for h in map(lambda r: r(), self.live) if h is not None] + [length])
+        longest = max([length] + [h.length for h in (r() for r in self.live) if h is not None])
         slots, cap = 4, 64
         while slots < rows:
             slots *= 2
@@ -112,16 +112,15 @@ class SlotPool:
             cap *= 2
         cap = max(longest, min(cap, self.max_len))  # the context limit, plus a verify's padding past it
         if self.k and self.k[0].dtype == dtype:
-            fits = self.slots >= rows and self.capacity >= longest
-            oversized = self.slots >= 4 * slots or self.capacity >= 4 * cap
-            if fits and not oversized:
-                return
-            if fits:  # shrink only the dimension that is oversized
-                slots = slots if self.slots >= 4 * slots else self.slots
-                cap = cap if self.capacity >= 4 * cap else self.capacity
-            else:  # grow, keeping a dimension that still fits as it is
-                slots, cap = max(slots, self.slots if self.slots >= rows else slots), \
-                    max(cap, self.capacity if self.capacity >= longest else cap)
+            fit_s, fit_c = self.slots >= rows, self.capacity >= longest
+            over_s, over_c = self.slots >= 4 * slots, self.capacity >= 4 * cap
+            if fit_s and fit_c:
+                if not (over_s or over_c):
+                    return
+                # shrink only the dimension that is oversized
+                slots, cap = (slots if over_s else self.slots), (cap if over_c else self.capacity)
+            else:  # grow what does not fit, keep what does
+                slots, cap = (max(slots, self.slots) if fit_s else slots), (max(cap, self.capacity) if fit_c else cap)
         shape = (slots, cap, self.kv_heads, self.head_dim)
         old = self.k, self.v
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(self.n_layers)]
