@@ -93,3 +93,46 @@ class NumberTokenizer:
 
     def decode(self, ids, **kw):
         return " ".join(map(str, ids))
+
+
+class EngineRequests:
+    """Requests submitted to a runtime Engine, and a wait for them to end ("done" or "error", kept by index)."""
+
+    def __init__(self, engine):
+        import threading
+
+        self.engine, self.reqs, self.kinds = engine, [], {}
+        self._ended = threading.Semaphore(0)
+        self._waited = 0
+
+    def submit(self, ids: list[int], max_tokens: int, prepare=None):
+        """prepare(seq) may change the sequence before it is queued."""
+        from quantkit.runtime.sampling import SamplingParams
+
+        seq = self.engine.new_sequence(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        if prepare is not None:
+            prepare(seq)
+        i = len(self.reqs)
+
+        def on_event(kind, _payload):
+            if kind in ("done", "error"):
+                self.kinds[i] = kind
+                self._ended.release()
+
+        self.reqs.append(self.engine.submit(seq, on_event))
+        return self.reqs[-1]
+
+    def submit_together(self, prompts: list[list[int]], max_tokens, prepare=None) -> None:
+        """Queue every prompt before the decode loop can admit any, so they are all active from the first step.
+        max_tokens: one for all, or one per prompt."""
+        sizes = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+        with self.engine._cv:
+            for ids, n in zip(prompts, sizes):
+                self.submit(ids, n, prepare)
+
+    def wait(self, n: int | None = None, timeout: float = 120) -> None:
+        """Until n more requests (default: every one not yet waited for) have ended."""
+        n = len(self.reqs) - self._waited if n is None else n
+        for _ in range(n):
+            assert self._ended.acquire(timeout=timeout)
+        self._waited += n

@@ -1,11 +1,9 @@
 """Continuous batching: concurrent requests share one forward per decode step and get their answers alone."""
 from __future__ import annotations
 
-import threading
-
 import torch
 
-from helpers import NumberTokenizer
+from helpers import EngineRequests, NumberTokenizer
 from quantkit.runtime import llama_step
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
@@ -22,21 +20,15 @@ def test_requests_share_decode_forwards_and_join_and_leave_between_steps(monkeyp
     sizes, real = [], llama_step.forward_batch
     monkeypatch.setattr(llama_step, "forward_batch", lambda m, items, last: sizes.append(len(items)) or real(m, items, last))
     engine = Engine(model, NumberTokenizer(), max_active=8)
-    done = threading.Semaphore(0)
-    reqs = []
+    run = EngineRequests(engine)
     with single_thread():
-        with engine._cv:  # queue all before the loop admits any: they prefill, then decode together
-            for ids, n in zip(prompts[:4], lengths[:4]):
-                seq = engine.new_sequence(ids, SamplingParams(max_tokens=n, ignore_eos=True))
-                reqs.append(engine.submit(seq, lambda kind, _p: kind in ("done", "error") and done.release()))
-        assert done.acquire(timeout=120)  # the shortest one has finished and left; two more join mid-flight
+        run.submit_together(prompts[:4], lengths[:4])  # they prefill, then decode together
+        run.wait(1)  # the shortest one has finished and left; two more join mid-flight
         for ids, n in zip(prompts[4:], lengths[4:]):
-            seq = engine.new_sequence(ids, SamplingParams(max_tokens=n, ignore_eos=True))
-            reqs.append(engine.submit(seq, lambda kind, _p: kind in ("done", "error") and done.release()))
-        for _ in range(len(prompts) - 1):
-            assert done.acquire(timeout=120)
+            run.submit(ids, n)
+        run.wait()
         engine.close()
-        for ids, n, req in zip(prompts, lengths, reqs):
+        for ids, n, req in zip(prompts, lengths, run.reqs):
             alone = generate(model, ids, SamplingParams(max_tokens=n, ignore_eos=True)).output_ids()
             assert req.seq.output_ids() == alone
     assert max(sizes) >= 4  # one forward carried four requests' decode rows
@@ -51,19 +43,14 @@ def test_speculating_and_plain_rows_share_a_padded_forward():
     prompts = [chunk + [2] + chunk[:3], torch.randint(1, 64, (6,), generator=g).tolist(), chunk * 2]
     engine = Engine(model, NumberTokenizer(), drafter_factory=lambda: PromptLookupDrafter(3, min_ngram=1),
                     num_speculative_tokens=4, max_active=8)
-    done = threading.Semaphore(0)
-    reqs = []
+    run = EngineRequests(engine)
     with single_thread():
-        with engine._cv:
-            for ids in prompts:
-                seq = engine.new_sequence(ids, SamplingParams(max_tokens=16, ignore_eos=True))
-                reqs.append(engine.submit(seq, lambda kind, _p: kind in ("done", "error") and done.release()))
-        for _ in prompts:
-            assert done.acquire(timeout=120)
+        run.submit_together(prompts, 16)
+        run.wait()
         engine.close()
-        for ids, req in zip(prompts, reqs):
+        for ids, req in zip(prompts, run.reqs):
             assert req.seq.output_ids() == generate(model, ids, SamplingParams(max_tokens=16, ignore_eos=True)).output_ids()
-    assert sum(r.seq.metrics.spec_steps for r in reqs) > 0
+    assert sum(r.seq.metrics.spec_steps for r in run.reqs) > 0
 
 
 def test_a_failing_request_does_not_fail_the_others_in_its_step():
@@ -90,21 +77,15 @@ def test_a_failing_request_does_not_fail_the_others_in_its_step():
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(1, 64, (6,), generator=g).tolist() for _ in range(3)]
     engine = Engine(model, NumberTokenizer(), max_active=8)
-    done = threading.Semaphore(0)
-    reqs, kinds = [], {}
+    run = EngineRequests(engine)
     with single_thread():
         with engine._cv:
-            for i, ids in enumerate(prompts):
-                seq = engine.new_sequence(ids, SamplingParams(max_tokens=6, ignore_eos=True))
-                if i == 0:
-                    seq.cache = Boom(model.config)
-                reqs.append(engine.submit(seq, lambda kind, _p, i=i: kind in ("done", "error")
-                                          and (kinds.__setitem__(i, kind) or done.release())))
-        for _ in prompts:
-            assert done.acquire(timeout=120)
+            run.submit(prompts[0], 6, prepare=lambda seq: setattr(seq, "cache", Boom(model.config)))
+            run.submit_together(prompts[1:], 6)
+        run.wait()
         engine.close()
-        assert kinds == {0: "error", 1: "done", 2: "done"}
-        for ids, req in zip(prompts[1:], reqs[1:]):
+        assert run.kinds == {0: "error", 1: "done", 2: "done"}
+        for ids, req in zip(prompts[1:], run.reqs[1:]):
             assert req.seq.output_ids() == generate(model, ids, SamplingParams(max_tokens=6, ignore_eos=True)).output_ids()
 
 
@@ -114,13 +95,12 @@ def test_a_draft_model_gives_its_slots_back_when_requests_finish():
     target = tiny_llama(vocab_size=64, seed=8, init_std=0.2)
     draft = tiny_llama(vocab_size=64, seed=9, init_std=0.2)
     engine = Engine(target, NumberTokenizer(), drafter_factory=lambda: ModelDrafter(draft), num_speculative_tokens=3)
-    done = threading.Semaphore(0)
+    run = EngineRequests(engine)
     with single_thread():
-        reqs = [engine.submit(engine.new_sequence([5, 6, 7, 8 + i], SamplingParams(max_tokens=10, ignore_eos=True)),
-                              lambda kind, _p: kind in ("done", "error") and done.release()) for i in range(3)]
-        for _ in reqs:
-            assert done.acquire(timeout=120)
+        for i in range(3):
+            run.submit([5, 6, 7, 8 + i], 10)
+        run.wait()
         engine.close()
-    assert all(r.seq.finish_reason == "length" for r in reqs)
+    assert all(r.seq.finish_reason == "length" for r in run.reqs)
     # released when each request finished, not whenever the garbage collector gets to the engine's locals
     assert llama_step.pool_for(draft).n_live() == 0 and llama_step.pool_for(target).n_live() == 0

@@ -1,12 +1,10 @@
 """The engine speculates only while at most spec_max_batch requests are active (`--spec-max-batch`)."""
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
 
-from helpers import NumberTokenizer
+from helpers import EngineRequests, NumberTokenizer
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
@@ -26,17 +24,11 @@ def _prompts(n):
 def _run(model, prompts, spec_max_batch):
     engine = Engine(model, NumberTokenizer(), drafter_factory=lambda: PromptLookupDrafter(3, min_ngram=1),
                     num_speculative_tokens=4, spec_max_batch=spec_max_batch, max_active=8)
-    left = threading.Semaphore(0)
-    reqs = []
-    # queue every request before the decode loop can admit any, so they are all active from the first step
-    with engine._cv:
-        for ids in prompts:
-            seq = engine.new_sequence(ids, SamplingParams(max_tokens=24, ignore_eos=True))
-            reqs.append(engine.submit(seq, lambda kind, _p: kind in ("done", "error") and left.release()))
-    for _ in prompts:
-        assert left.acquire(timeout=120)
+    run = EngineRequests(engine)
+    run.submit_together(prompts, 24)
+    run.wait()
     engine.close()
-    return [r.seq for r in reqs]
+    return [r.seq for r in run.reqs]
 
 
 @pytest.mark.parametrize("limit,speculates", [(3, True), (2, False)])
