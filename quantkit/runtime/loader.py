@@ -17,12 +17,6 @@ from ..formats.compressed_tensors import load_tensors, module_targets
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
-
-def _set_module(model: nn.Module, name: str, new: nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent) if parent else model, child, new)
-
-
 KV_SCALE_KEYS = (".k_scale", ".v_scale")
 
 
@@ -94,7 +88,7 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     for name, group in module_targets(qc, linears).items():
-        _set_module(model, name, _quant_module(linears[name], group, name, tensors, dtype))
+        model.set_submodule(name, _quant_module(linears[name], group, name, tensors, dtype))
     attach_kv_scales(model, kv_scales)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False):

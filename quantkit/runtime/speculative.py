@@ -157,7 +157,7 @@ def self_w4_draft(model, group_size: int = 128, packed: bool = False):
             gs = next((g for g in (group_size, group_size // 2, group_size // 4) if g and n_in % g == 0), -1)
             qw = rtn_quantize(mod.weight.data, get_scheme("w4a16").with_options(group_size=gs))
             if packed:
-                _set_module(draft, name, _packed_w4(mod, qw, gs))
+                draft.set_submodule(name, _packed_w4(mod, qw, gs))
             else:
                 mod.weight.data = qw.dequantize().to(mod.weight.dtype)
     if packed:
@@ -180,8 +180,3 @@ def _packed_w4(linear: torch.nn.Linear, qw, group_size: int):
         m.bias.data.copy_(linear.bias.data)
     m.cpu_bf16_activations = linear.weight.device.type == "cpu"  # torch's packed int4 op, as the loader sets it
     return m
-
-
-def _set_module(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
-    parent, _, child = name.rpartition(".")
-    setattr(root.get_submodule(parent) if parent else root, child, new)
