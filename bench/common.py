@@ -24,28 +24,27 @@ def prompt_ids(tok, name: str, limit: int | None = None) -> list[list[int]]:
     return out
 
 
+def _best_seconds(fn, reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def copy_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
     """Bytes moved per second by a large tensor copy (read + write both counted), best of reps."""
     src = torch.randn(nbytes // 4)
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t)
-    return 2 * nbytes / best
+    return 2 * nbytes / _best_seconds(lambda: dst.copy_(src), reps)
 
 
 def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
     """Bytes read per second by a reduction over a large tensor, best of reps: what a decode step does with its
     weights (reads them once, writes almost nothing), so the honest denominator of the weight-reading limit."""
     src = torch.randn(nbytes // 4)
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        src.sum()
-        best = min(best, time.perf_counter() - t)
-    return nbytes / best
+    return nbytes / _best_seconds(src.sum, reps)
 
 
 def weight_bytes_per_token(model) -> int:

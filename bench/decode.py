@@ -4,9 +4,9 @@ Usage: python bench/decode.py [--w4 CHECKPOINT] [--tokens 48] [--prompts 2]
 Two limits, both bytes of weights read per token over a bandwidth measured in this run: the issue's, over the
 copy bandwidth counted as bytes copied per second (a 512 MB tensor copy; the issue's "limit near 23 tok/s" for
 538 MB is this one), and a stricter one over the read bandwidth (a sum over 512 MB: a decode step reads its
-weights and writes next to nothing), which on this machine is about twice the copy rate. "transformers" is the checkpoint loaded by
-transformers itself (compressed-tensors dequantises it to float32 on a CPU) and decoded by its plain generate,
-what a user without quantkit runs; "transformers, our modules" is generate over the model quantkit loaded.
+weights and writes next to nothing), which on this machine is about twice the copy rate. "transformers" is the
+checkpoint loaded by transformers itself (compressed-tensors dequantises it to float32 on a CPU) and decoded by
+its plain generate, what a user without quantkit runs; "transformers, our modules" is generate over the model quantkit loaded.
 """
 from __future__ import annotations
 
