@@ -50,14 +50,17 @@ def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a decode step reads: every parameter and buffer once; a tied embedding is read once
     (as lm_head), and the embedding lookup itself only touches one row."""
+    from quantkit.runtime.packed_linear import PackedLinear
+
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
         if t.data_ptr() in seen or not t.is_floating_point() and t.dtype not in (torch.int32, torch.int8, torch.uint8):
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
-    emb = model.get_input_embeddings().weight
-    if emb.data_ptr() != model.get_output_embeddings().weight.data_ptr():
+    total += sum(m.nbytes for m in model.modules() if isinstance(m, PackedLinear))  # oneDNN-laid weights
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings()
+    if isinstance(head, PackedLinear) or emb.data_ptr() != head.weight.data_ptr():
         total -= emb.numel() * emb.element_size()
     return total
 

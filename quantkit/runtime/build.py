@@ -56,9 +56,11 @@ def load_model(path: str, dtype=None):
         # CPU matmuls in float16 are slow and inexact; float32 is the sensible default here.
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
     from .llama_step import RELAYOUT_ATTR
+    from .packed_linear import pack_model
 
-    # this model only decodes: its float weights may be re-laid out for speed (fused_proj.py)
+    # this model only decodes: its float weights may be re-laid out for speed (packed_linear.py, fused_proj.py)
     setattr(model, RELAYOUT_ATTR, True)
+    pack_model(model)
     return model.eval()
 
 

@@ -1,4 +1,4 @@
-"""One matmul for the projections that read the same input (q/k/v; gate/up), and a faster CPU weight layout.
+"""One matmul for the projections that read the same input (q/k/v; gate/up).
 
 A decode step on a CPU pays per call: each quantised Linear converts its input to bf16 and its output back, and
 torch's packed int4 op has a fixed cost per launch. Reading q, k and v (and gate, up) as one wider matrix
@@ -6,11 +6,8 @@ halves those calls. torch's CPU int4 layout keeps blocks of output rows independ
 whole number of blocks (checked on a probe row) the fused pack is the modules' packs stacked, and each module's
 own pack is then re-pointed at its rows of the stack: no second copy of the weights.
 
-Float weights: MKL's single-thread product of one row with a [N, K] weight streams it at about 12 GB/s here,
-with the weight stored transposed ([K, N], the same matrix) at 18-22 GB/s when N >= K (bench/decode.py,
-docs/benchmarks.md). `transposed_storage` re-lays a weight out so, leaving the module a [N, K] view of it: the
-module computes the same product (up to summation order) and nothing is duplicated. Only float32: torch's
-float16 and bfloat16 CPU products are 1.5-40x slower with the transposed layout.
+Float weights are concatenated and each module is left a view of its rows (no second copy). The runtime's own
+float32 CPU models never get here: their Linears are PackedLinear modules (packed_linear.py), called one by one.
 """
 from __future__ import annotations
 
@@ -69,29 +66,14 @@ def _int4_fused(mods) -> Fused | None:
     return Fused(run, [p.n for p in packs])
 
 
-def transposed_storage(weights: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """One [K, sum N] contiguous tensor holding the weights, and each weight as a [N_i, K] view into it."""
-    wt = torch.cat([w.detach() for w in weights]).t().contiguous()
-    views, r = [], 0
-    for w in weights:
-        views.append(wt[:, r: r + w.shape[0]].t())
-        r += w.shape[0]
-    return wt, views
-
-
 def _float_fused(mods) -> Fused | None:
     if not all(type(m) is nn.Linear for m in mods):
         return None
     w0 = mods[0].weight
     if w0.device.type != "cpu" or any(m.weight.dtype != w0.dtype or m.weight.device != w0.device for m in mods):
         return None
-    n, k = sum(m.out_features for m in mods), mods[0].in_features
-    if n >= k and w0.dtype == torch.float32:  # the faster layout (module docstring); fp16/bf16 are slower so
-        wt, views = transposed_storage([m.weight for m in mods])
-        weight = wt.t()
-    else:
-        weight = torch.cat([m.weight.detach() for m in mods])
-        views = list(weight.split([m.out_features for m in mods]))
+    weight = torch.cat([m.weight.detach() for m in mods])
+    views = list(weight.split([m.out_features for m in mods]))
     for m, v in zip(mods, views):  # the modules keep working, on views: the weights are held once
         m.weight = nn.Parameter(v, requires_grad=False)
     bias = torch.cat([m.bias.detach() for m in mods]) if mods[0].bias is not None else None
@@ -99,7 +81,7 @@ def _float_fused(mods) -> Fused | None:
 
 
 def fuse(mods: list[nn.Module], relayout: bool) -> Fused:
-    """The projections as one call where their kind allows it, else as separate calls. relayout: the float
+    """The projections as one call where their kind allows it, else as separate calls. relayout: float
     weights may be replaced by views into one new tensor (the runtime's own models only: a view-laid weight
     cannot be saved by transformers' save_pretrained); int4 fusion leaves the checkpoint tensors as they are."""
     if len({m.bias is None for m in mods}) == 1:  # one fused bias needs all of them or none

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from .packed_linear import PackedLinear
 
 # Beyond this the float16 copy could overflow (max 65504); such a head stays as it is.
 SAFE_ABSMAX = 1e4
@@ -35,7 +36,7 @@ class HalfHead(nn.Module):
 def use_half_head(model) -> bool:
     """Swap a float32 CPU output head for a HalfHead; False (nothing changed) where it does not apply."""
     head = model.get_output_embeddings()
-    if type(head) is not nn.Linear:  # not a subclass either: a quantised head has its own forward
+    if type(head) not in (nn.Linear, PackedLinear):  # not a subclass either: a quantised head has its own forward
         return False
     w = head.weight
     if w.device.type != "cpu" or w.dtype != torch.float32 or float(w.detach().abs().max()) > SAFE_ABSMAX:

@@ -17,10 +17,9 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from torch import nn
 
 from . import compiled
-from .fused_proj import fuse, transposed_storage
+from .fused_proj import fuse
 from .rows import Rows
 from .slot_cache import SlotHandle, SlotPool
 
@@ -80,18 +79,6 @@ class _Plan:
             attn, mlp = layer.self_attn, layer.mlp
             self.qkv.append(fuse([attn.q_proj, attn.k_proj, attn.v_proj], relayout))
             self.gate_up.append(fuse([mlp.gate_proj, mlp.up_proj], relayout))
-        head = model.get_output_embeddings()
-        w = getattr(head, "weight", None)
-        if relayout and type(head) is nn.Linear and w.device.type == "cpu" and w.dtype == torch.float32 \
-                and head.out_features >= head.in_features:
-            # a float32 head streams ~1.8x faster stored transposed (fused_proj.py); a tied embedding takes the
-            # same view, so its row lookups still read the one table
-            emb = model.get_input_embeddings()
-            tied = emb is not None and emb.weight is head.weight
-            _, (view,) = transposed_storage([head.weight])
-            head.weight = nn.Parameter(view, requires_grad=False)
-            if tied:
-                emb.weight = head.weight
 
 
 _PLANS: "weakref.WeakKeyDictionary[torch.nn.Module, _Plan]" = weakref.WeakKeyDictionary()
@@ -184,7 +171,6 @@ def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only
         read = slice(first, first + B) if contiguous else slots.to(device)
         visible = (torch.arange(need)[None, None, :] <= pos[:, :, None]).unsqueeze(1)
         mask = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
-        plan_for(model)  # before the embedding lookup: it may re-lay the tied table out
         h = emb(ids.to(device))
         cos, sin = inner.rotary_emb(h, pos.to(device))
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)

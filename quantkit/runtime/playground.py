@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ..errors import UserError
 from .generate import context_limit
 from .protocol import APIError, Message
+from .speculative import vocab_rows
 
 STATIC = Path(__file__).parent / "static"
 
@@ -48,8 +49,7 @@ class KLBody(BaseModel):
 
 def check_same_vocab(model, base, tokenizer, base_tokenizer) -> None:
     """Token-by-token comparison needs token ids that mean the same thing in both models."""
-    mv = model.get_output_embeddings().weight.shape[0]
-    bv = base.get_output_embeddings().weight.shape[0]
+    mv, bv = vocab_rows(model), vocab_rows(base)
     if mv != bv or tokenizer.get_vocab() != base_tokenizer.get_vocab():
         raise UserError(f"--compare needs the same tokenizer for both models (vocabularies of {mv} and {bv} "
                         "tokens differ); compare a checkpoint with the model it was quantised from")

@@ -13,6 +13,7 @@ import torch
 from ..errors import UserError
 from . import sampling
 from .kv_cache import crop_to, forward, new_decode_cache
+from .packed_linear import PackedLinear
 
 
 def accept(p, q: torch.Tensor | None, draft: list[int], generator: torch.Generator | None,
@@ -123,10 +124,15 @@ class ModelDrafter:
             self.n_cached = valid_len
 
 
+def vocab_rows(model) -> int:
+    """Rows of the output head, read from its size (a PackedLinear's weight would be rebuilt to read its shape)."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "out_features", 0) or head.weight.shape[0])
+
+
 def check_vocab(target, draft, target_tok=None, draft_tok=None) -> None:
     """Refuse a draft whose token ids mean something else than the target's."""
-    tv = target.get_output_embeddings().weight.shape[0]
-    dv = draft.get_output_embeddings().weight.shape[0]
+    tv, dv = vocab_rows(target), vocab_rows(draft)
     if tv != dv:
         raise UserError(f"the draft model's vocabulary ({dv} tokens) differs from the target's ({tv}); "
                         "use a draft trained with the same tokenizer, or --prompt-lookup / --draft self-w4")
@@ -150,16 +156,19 @@ def self_w4_draft(model, group_size: int = 128, packed: bool = False):
     head = draft.get_output_embeddings()
     with torch.no_grad():
         for name, mod in list(draft.named_modules()):
-            if type(mod) is not torch.nn.Linear or mod is head:
+            if type(mod) not in (torch.nn.Linear, PackedLinear) or mod is head:
                 continue
-            n_in = mod.weight.shape[1]
+            weight = mod.weight.detach()  # a PackedLinear rebuilds it: read it once
             # The largest of group_size, /2, /4 dividing the width (SmolLM2's 576 takes 64), as quantize does.
-            gs = next((g for g in (group_size, group_size // 2, group_size // 4) if g and n_in % g == 0), -1)
-            qw = rtn_quantize(mod.weight.data, get_scheme("w4a16").with_options(group_size=gs))
+            gs = next((g for g in (group_size, group_size // 2, group_size // 4) if g and mod.in_features % g == 0),
+                      -1)
+            qw = rtn_quantize(weight, get_scheme("w4a16").with_options(group_size=gs))
             if packed:
-                draft.set_submodule(name, _packed_w4(mod, qw, gs))
+                draft.set_submodule(name, _packed_w4(mod, qw, gs, weight.dtype))
+            elif type(mod) is PackedLinear:
+                draft.set_submodule(name, PackedLinear(qw.dequantize().to(weight.dtype), mod.bias))
             else:
-                mod.weight.data = qw.dequantize().to(mod.weight.dtype)
+                mod.weight.data = qw.dequantize().to(weight.dtype)
     if packed:
         from .half_head import use_half_head
 
@@ -167,16 +176,15 @@ def self_w4_draft(model, group_size: int = 128, packed: bool = False):
     return draft
 
 
-def _packed_w4(linear: torch.nn.Linear, qw, group_size: int):
+def _packed_w4(linear: torch.nn.Module, qw, group_size: int, dtype: torch.dtype):
     from ..formats.pack import pack_int32
     from ..nn import QuantLinear
 
-    dtype = linear.weight.dtype
     m = QuantLinear(linear.in_features, linear.out_features, 4, group_size, symmetric=True,
                     bias=linear.bias is not None, dtype=dtype)
     m.weight_packed = pack_int32(qw.q, 4)
     m.weight_scale = qw.scale.to(dtype).reshape(linear.out_features, -1)
     if linear.bias is not None:
         m.bias.data.copy_(linear.bias.data)
-    m.cpu_bf16_activations = linear.weight.device.type == "cpu"  # torch's packed int4 op, as the loader sets it
+    m.cpu_bf16_activations = qw.q.device.type == "cpu"  # torch's packed int4 op, as the loader sets it
     return m

@@ -1,0 +1,112 @@
+"""float32 Linear weights in oneDNN's blocked layout, for the CPU models the runtime loads itself.
+
+A CPU decode step is a matrix product of a few rows (1 when decoding, k+1 when verifying a draft, one per request
+when requests share a step) with every weight. MKL's float32 product, which nn.Linear calls, is fast for one row
+but close to compute-bound from a handful of rows on: over SmolLM2-135M's 30 layers on one core of this machine,
+1 row took 27-36 ms and 13 rows 72-80 ms. oneDNN's product over a weight reordered once into its blocked layout
+took 28 ms for 1 row padded to 4, 23-29 ms for 4-5 rows, 40 ms for 13 and 77 ms for 32; the 49152 x 576 head
+10 ms for 13 rows against 24-28 ms (docs/benchmarks.md, issue 8). So a 13-row verify costs about 1.5 plain steps
+instead of 3, and that is what speculative decoding and batched requests pay for.
+
+The reordered weight is an opaque tensor: the module holds it instead of its float weight (no second copy),
+`weight` rebuilds the plain [out, in] matrix on demand, and a deepcopy clones it. Where a head is tied to the
+input embedding, the embedding keeps its own table for the row look-ups, so such a model holds its head twice.
+Below 4 rows oneDNN takes a slower path (the head: 7.3 ms for 1 row, 5.7 ms for 4), so fewer rows are padded
+to 4; each output row depends only on its input row, so the padding changes no number.
+"""
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+
+import torch
+from torch import nn
+
+MIN_ROWS = 4
+PACK_ROWS_HINT = 8  # the row count oneDNN is told to expect when reordering; 4, 13 and 32 measured alike
+
+
+def _product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    x2 = x.reshape(-1, x.shape[-1])
+    rows = x2.shape[0]
+    if rows < MIN_ROWS:
+        x2 = torch.cat([x2, x2.new_zeros(MIN_ROWS - rows, x2.shape[1])])
+    y = torch.ops.mkldnn._linear_pointwise(x2.contiguous(), packed, bias, "none", [], "")
+    return y[:rows].reshape(*x.shape[:-1], out_features)
+
+
+@torch.library.custom_op("quantkit::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """x [..., in] times the reordered weight: [..., out]. A custom op so that torch.compile calls it as one
+    opaque kernel (inductor cannot take the opaque weight as an input of its own kernels); eager calls skip the
+    op's dispatch (~10 us a call, 2 ms of a step over 210 Linears)."""
+    return _product(x, packed, bias, out_features)
+
+
+@packed_linear.register_fake
+def _(x, packed, bias, out_features):
+    return x.new_empty(*x.shape[:-1], out_features)
+
+
+@lru_cache(maxsize=1)
+def available() -> bool:
+    """This torch build has oneDNN and its reorder-and-multiply ops, and they give the plain product."""
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    g = torch.Generator().manual_seed(0)
+    w, x = torch.randn(24, 16, generator=g), torch.randn(3, 16, generator=g)
+    try:
+        y = packed_linear(x, torch.ops.mkldnn._reorder_linear_weight(w, PACK_ROWS_HINT), None, 24)
+    except (RuntimeError, NotImplementedError):
+        return False
+    return bool(torch.allclose(y, x @ w.t(), rtol=1e-5, atol=1e-5))
+
+
+class PackedLinear(nn.Module):
+    """An inference-only nn.Linear whose float32 weight lives in oneDNN's layout."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return packed_linear(x, self.packed, self.bias, self.out_features)
+        return _product(x, self.packed, self.bias, self.out_features)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The plain [out, in] weight, rebuilt (a new tensor each call: read it once, not per step)."""
+        return self.packed.to_dense()
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
+    def __deepcopy__(self, memo):
+        new = type(self).__new__(type(self))
+        memo[id(self)] = new
+        state = {k: v for k, v in self.__dict__.items() if k != "packed"}
+        new.__dict__.update(copy.deepcopy(state, memo))
+        new.packed = self.packed.clone()  # opaque tensors have no storage for deepcopy to copy
+        return new
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
+               "oneDNN layout"
+
+
+def pack_model(model: nn.Module) -> int:
+    """Swap every float32 CPU nn.Linear of `model` (a model only the runtime uses) for a PackedLinear; returns
+    how many were swapped (0 where this torch build lacks oneDNN)."""
+    if not available():
+        return 0
+    swapped = 0
+    for name, mod in list(model.named_modules()):
+        if type(mod) is nn.Linear and mod.weight.dtype == torch.float32 and mod.weight.device.type == "cpu":
+            model.set_submodule(name, PackedLinear(mod.weight, mod.bias))
+            swapped += 1
+    return swapped

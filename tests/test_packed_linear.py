@@ -1,0 +1,153 @@
+"""float32 Linears in oneDNN's layout (runtime/packed_linear.py): the same products, rows independent of their
+batch, and the runtime's models decoding the same tokens through them."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import make_tiny_model, rel_err
+from quantkit.runtime import build
+from quantkit.runtime.generate import generate
+from quantkit.runtime.packed_linear import PackedLinear, available, pack_model
+from quantkit.runtime.sampling import SamplingParams
+from quantkit.runtime.speculative import PromptLookupDrafter, self_w4_draft
+from quantkit.runtime.tiny import single_thread, tiny_llama
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
+
+
+def _linear(n: int, k: int, bias: bool, seed: int) -> nn.Linear:
+    torch.manual_seed(seed)
+    lin = nn.Linear(k, n, bias=bias)
+    with torch.no_grad():
+        lin.weight.normal_(0, 1)
+        if bias:
+            lin.bias.normal_(0, 1)
+    return lin
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 13, 32])
+def test_product_matches_float64_reference(rows, bias):
+    lin = _linear(96, 200, bias, seed=rows)
+    packed = PackedLinear(lin.weight, lin.bias)
+    x = torch.randn(rows, 200, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = packed(x)
+    want = x.double() @ lin.weight.double().t() + (lin.bias.double() if bias else 0)
+    # float32 sums of 200 products of N(0,1) values: rounding ~1e-7 relative per add; 1e-5 of the output
+    # scale (~14) leaves room for any summation order while a wrong row, column or bias is order 1
+    assert (got.double() - want).abs().max() < 1e-5 * want.abs().max()
+    assert got.shape == (rows, 96) and got.dtype == torch.float32
+
+
+def test_rows_do_not_depend_on_the_rest_of_the_batch():
+    """A verify forward (k+1 rows) must give row 0 exactly the numbers a one-row step gives it, or speculation
+    could change greedy output; the padding below 4 rows must not change a number either."""
+    lin = _linear(960, 576, False, seed=3)
+    packed = PackedLinear(lin.weight, None)
+    x = torch.randn(13, 576, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = packed(x)
+        for r in range(13):
+            assert torch.equal(packed(x[r: r + 1]), full[r: r + 1])
+        assert torch.equal(packed(x[2:5]), full[2:5])
+        assert torch.equal(packed(x.view(13, 1, 576)).view(13, 960), full)  # leading dims are rows too
+
+
+def test_weight_is_the_original_and_a_deepcopy_is_independent():
+    lin = _linear(64, 48, True, seed=4)
+    packed = PackedLinear(lin.weight, lin.bias)
+    assert torch.equal(packed.weight, lin.weight) and packed.weight.shape == (64, 48)
+    twin = copy.deepcopy(packed)
+    assert twin.packed is not packed.packed and twin.bias is not packed.bias
+    x = torch.randn(3, 48)
+    with torch.no_grad():
+        assert torch.equal(twin(x), packed(x))
+    assert packed.nbytes == 64 * 48 * 4
+
+
+def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        chunk = torch.randint(1, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
+        out.append(chunk + [7] + chunk[:3])  # a repeat, so prompt lookup drafts
+    return out
+
+
+def _hf_greedy(model, prompt, n):
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                         pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_packed_model_decodes_transformers_tokens(tied):
+    """Every float32 Linear swapped (the head too, the tied embedding keeping its table); greedy output, with
+    and without prompt lookup, equals transformers' generate on the model as it was."""
+    model = tiny_llama(vocab_size=256, hidden=64, layers=2, seed=5, init_std=0.1)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    reference = copy.deepcopy(model)
+    n_linear = sum(type(m) is nn.Linear for m in model.modules())
+    assert pack_model(model) == n_linear == 2 * 7 + 1
+    assert not any(type(m) is nn.Linear for m in model.modules())
+    assert torch.equal(model.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+    ids = torch.tensor([_prompts(1, 256, seed=1)[0]])
+    with torch.no_grad():
+        # same float32 products in another summation order: ~1e-6 relative through two layers
+        assert rel_err(model(ids).logits, reference(ids).logits) < 1e-5
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    spec_steps = 0
+    with single_thread():
+        for prompt in _prompts(20, 256, seed=2):
+            want = _hf_greedy(reference, prompt, 12)
+            assert generate(model, prompt, params).output_ids() == want
+            spec = generate(model, prompt, params, drafter=PromptLookupDrafter(3, min_ngram=1),
+                            num_speculative_tokens=4)
+            assert spec.output_ids() == want
+            spec_steps += spec.metrics.spec_steps
+    assert spec_steps > 0
+
+
+def test_runtime_loader_packs_float32_and_leaves_bf16(tmp_path):
+    f32 = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=1)))
+    assert isinstance(f32.model.layers[0].mlp.down_proj, PackedLinear)
+    assert isinstance(f32.get_output_embeddings(), PackedLinear)
+    bf16 = build.load_model(str(make_tiny_model(tmp_path / "bf16", dtype=torch.bfloat16, seed=1)),
+                            torch.bfloat16)
+    assert not any(isinstance(m, PackedLinear) for m in bf16.modules())  # oneDNN packing here is float32 only
+    assert pack_model(tiny_llama(dtype=torch.bfloat16)) == 0
+
+
+def test_self_w4_draft_of_a_packed_model_equals_the_unpacked_one():
+    model = tiny_llama(vocab_size=256, hidden=64, layers=2, seed=6, init_std=0.1)
+    packed_model = copy.deepcopy(model)
+    pack_model(packed_model)
+    for packed in (False, True):
+        a = self_w4_draft(model, group_size=32, packed=packed)
+        b = self_w4_draft(packed_model, group_size=32, packed=packed)
+        ids = torch.tensor([_prompts(1, 256, seed=3)[0]])
+        with torch.no_grad():
+            # the same W4 codes: only summation order differs (float32 products, or int4 ones read the same)
+            assert rel_err(b(ids).logits, a(ids).logits) < 1e-4
+    assert all(type(m) is not PackedLinear for n, m in b.named_modules() if n != "lm_head")
+
+
+def test_compiled_step_over_packed_linears_matches_eager():
+    """`--compile` over a packed model: the custom op is one opaque call in the graph, tokens unchanged."""
+    eager = tiny_llama(vocab_size=128, hidden=64, layers=2, seed=8, init_std=0.2)
+    pack_model(eager)
+    compiled = build.compile_decode(copy.deepcopy(eager))
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    with single_thread(), torch.inference_mode():
+        for prompt in _prompts(2, 128, seed=4):
+            want = generate(eager, prompt, params).output_ids()
+            assert generate(compiled, prompt, params).output_ids() == want
+            spec = generate(compiled, prompt, params, drafter=PromptLookupDrafter(3, min_ngram=1),
+                            num_speculative_tokens=4)
+            assert spec.output_ids() == want
