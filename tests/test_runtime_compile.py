@@ -15,7 +15,8 @@ from quantkit.runtime.tiny import single_thread, tiny_llama
 
 def test_compiled_decode_matches_eager_greedy_tokens():
     eager = tiny_llama(vocab_size=128, hidden=64, layers=2, seed=7, init_std=0.2)
-    compiled = compile_decode(copy.deepcopy(eager))
+    compiled = copy.deepcopy(eager)
+    assert compile_decode(compiled)
     step, calls = steps.step(compiled, "slot"), []
     steps.set_step(compiled, "slot", lambda m, h, *a: calls.append(h.shape[1]) or step(m, h, *a))
     g = torch.Generator().manual_seed(2)
@@ -69,7 +70,8 @@ def test_compiled_decode_of_a_model_outside_our_forward_uses_transformers_path()
     torch.manual_seed(3)
     eager = AutoModelForCausalLM.from_config(tiny_config("phi3", vocab_size=128, layers=2)).eval()
     assert not llama_step.supports(eager)
-    compiled = compile_decode(copy.deepcopy(eager))
+    compiled = copy.deepcopy(eager)
+    assert compile_decode(compiled)
     step, calls = steps.step(compiled, "decode"), []
     steps.set_step(compiled, "decode", lambda **kw: calls.append(kw["input_ids"].shape[1]) or step(**kw))
     ids = torch.randint(1, 128, (9,), generator=torch.Generator().manual_seed(4)).tolist()

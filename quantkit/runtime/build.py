@@ -70,14 +70,23 @@ def compile_decode(model):
     a fresh cache's lazy per-layer set-up would otherwise recompile at every new request. On a CPU this removes
     much of the per-op overhead, which dominates a W4 decode step (docs/benchmarks.md); in float32 the matmuls
     dominate and it gains little. The first decode step compiles (about a minute on 2 cores), so it is
-    opt-in. Outputs equal the eager model's up to float summation order."""
+    opt-in. Outputs equal the eager model's up to float summation order.
+
+    A model whose Linears are PackedLinear (the runtime's float32 CPU models) stays eager: its products are
+    already single oneDNN calls, and inside a compiled graph each costs ~30 us more (a custom op called back into
+    Python), which over 211 calls made a float32 step slower than eager (15.4 vs 19.5 tok/s, docs/benchmarks.md).
+    Returns whether anything was compiled."""
     from . import compiled
     from .llama_step import layers_forward
+    from .packed_linear import PackedLinear
+
+    if any(isinstance(m, PackedLinear) for m in model.modules()):
+        return False
 
     compiled.set_step(model, "decode", torch.compile(model.forward, dynamic=True))  # transformers' path
     compiled.set_step(model, "slot", torch.compile(_own_copy(layers_forward, model), dynamic=True,
                                                    options={"guard_filter_fn": _fixed_model_guards}))
-    return model
+    return True
 
 
 def _own_copy(fn, model):
