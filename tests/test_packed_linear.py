@@ -97,6 +97,10 @@ def test_packed_model_decodes_transformers_tokens(tied):
     assert pack_model(model) == n_linear == 2 * 7 + 1
     assert not any(type(m) is nn.Linear for m in model.modules())
     assert torch.equal(model.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+    if tied:  # one plain table: the embedding's rows are the head's transposed copy, read by one-row products
+        assert model.model.embed_tokens.weight.data_ptr() == model.lm_head.transposed.data_ptr()
+    else:
+        assert model.lm_head.transposed is None
     ids = torch.tensor([_prompts(1, 256, seed=1)[0]])
     with torch.no_grad():
         # same float32 products in another summation order: ~1e-6 relative through two layers

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from . import compiled
 from .fused_proj import fuse
+from .packed_linear import MIN_ROWS, PackedLinear
 from .rows import Rows
 from .slot_cache import SlotHandle, SlotPool
 
@@ -70,10 +71,13 @@ RELAYOUT_ATTR = "_quantkit_relayout"  # set by build.load_model: the runtime own
 
 
 class _Plan:
-    """Per model, made once: each layer's fused q/k/v and gate/up calls (fused_proj.py)."""
+    """Per model, made once: each layer's fused q/k/v and gate/up calls (fused_proj.py), and the fewest rows a
+    step feeds its products (oneDNN's take their fast path from 4 rows: packed_linear.py; padding the step once
+    costs less than padding each of its ~200 products)."""
 
     def __init__(self, model):
         self.qkv, self.gate_up = [], []
+        self.min_rows = MIN_ROWS if any(isinstance(m, PackedLinear) for m in model.model.layers.modules()) else 1
         relayout = bool(getattr(model, RELAYOUT_ATTR, False))
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -156,6 +160,7 @@ def forward_batch(model, items: list[tuple[SlotHandle, torch.Tensor]], last_only
         feeds = [items[j][1] for j in order]
         n = [f.shape[0] for f in feeds]
         B, T = len(feeds), max(n)
+        T = max(T, -(-plan_for(model).min_rows // B))  # extra positions are padding, as in any ragged row
         lengths = torch.tensor([hd.length for hd in handles], dtype=torch.long)
         need = int(lengths.max()) + T
         dtype = emb.weight.dtype
