@@ -38,7 +38,7 @@ class Request:
 
 class Engine:
     def __init__(self, model, tokenizer, *, drafter_factory=None, num_speculative_tokens: int = 4,
-                 max_active: int = 64, max_queue: int = 256, spec_max_batch: int = 12, keep_details: int = 256,
+                 max_active: int = 64, max_queue: int = 256, spec_max_batch: int = 8, keep_details: int = 256,
                  kv_cache: str = "auto"):
         self.model = model
         self.tokenizer = tokenizer
@@ -97,7 +97,8 @@ class Engine:
                 return
             # With one batched forward, a drafting request's k+1 verify rows pad every other row to k+1 as well;
             # past spec_max_batch requests that costs more than drafts save (bench/spec_batch.py, prompt lookup on
-            # code edits, one CPU thread: 1.03-1.31x up to 12 concurrent requests, 0.89x at 16 and 32).
+            # code edits, one CPU thread, three runs: 1.2-1.6x up to 4 concurrent requests, 0.99-1.31x at 8,
+            # 0.97-1.03x at 12, 0.89-0.99x at 16 and 32).
             speculate = len(self._active) <= self.spec_max_batch
             live = []
             for req in self._active:
