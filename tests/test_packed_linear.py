@@ -118,6 +118,16 @@ def test_packed_model_decodes_transformers_tokens(tied):
     assert spec_steps > 0
 
 
+def test_state_dict_holds_the_plain_weights():
+    """A packed model's state_dict (what save_pretrained writes) has every Linear's weight, as before packing."""
+    model = tiny_llama(vocab_size=128, hidden=64, layers=1, seed=2)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    pack_model(model)
+    got = model.state_dict()
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
+
+
 def test_runtime_loader_packs_float32_and_leaves_bf16(tmp_path):
     f32 = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=1)))
     assert isinstance(f32.model.layers[0].mlp.down_proj, PackedLinear)

@@ -98,6 +98,11 @@ class PackedLinear(nn.Module):
         """Bytes of the oneDNN-laid weight (a kept transposed copy is a tensor of its own, counted apart)."""
         return self.packed.numel() * self.packed.element_size()
 
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # the opaque tensor is no state a checkpoint can hold: save the plain weight, as nn.Linear would
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination[prefix + "weight"] = self.weight
+
     def __deepcopy__(self, memo):
         new = type(self).__new__(type(self))
         memo[id(self)] = new
