@@ -178,3 +178,47 @@ def test_custom_op_gives_the_module_product_under_torch_compile():
         for rows in (1, 6):
             x = torch.randn(2, rows, 64, generator=torch.Generator().manual_seed(rows))
             assert torch.allclose(fn(x), packed(x).relu(), rtol=1e-6, atol=1e-6)
+
+
+def test_to_save_and_load_keep_working():
+    """What callers do with an nn.Module: cast it (it then computes as a plain Linear), pickle it whole, and
+    load a state_dict into it; each keeps the products right."""
+    import io
+
+    model = tiny_llama(vocab_size=128, hidden=64, layers=1, seed=3, init_std=0.1)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    reference = copy.deepcopy(model)
+    pack_model(model)
+    ids = torch.tensor([[5, 9, 77, 3, 41]])
+    with torch.no_grad():
+        want = reference(ids).logits
+        buf = io.BytesIO()
+        torch.save(model, buf)
+        buf.seek(0)
+        loaded = torch.load(buf, weights_only=False)
+        assert isinstance(loaded.lm_head, PackedLinear) and loaded.lm_head.packed is not None
+        assert rel_err(loaded(ids).logits, want) < 1e-5
+        other = tiny_llama(vocab_size=128, hidden=64, layers=1, seed=4)
+        other.lm_head.weight = other.model.embed_tokens.weight
+        pack_model(other)
+        other.load_state_dict(reference.state_dict())
+        assert rel_err(other(ids).logits, want) < 1e-5
+        bf16 = copy.deepcopy(model).to(torch.bfloat16)
+        assert bf16.model.layers[0].mlp.up_proj.plain.dtype == torch.bfloat16
+        # bf16 weights and activations through one layer: ~1e-2 relative; a wrong weight would be order 1
+        assert rel_err(bf16(ids).logits.float(), want) < 5e-2
+        back = bf16.float()
+        assert back.model.layers[0].mlp.up_proj.packed is not None  # float32 on a CPU again: re-laid out
+
+
+def test_quantised_checkpoints_are_not_packed(tmp_path, cli):
+    """A W4 checkpoint keeps its float head (and any ignored layer) as it was: packing those few would cost the
+    model --compile and pad each of its steps to 4 rows."""
+    src = make_tiny_model(tmp_path / "src", "llama")
+    out = tmp_path / "w4"
+    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32",
+               "--ignore", "lm_head", "--ignore", "model.layers.0.mlp.down_proj")[0] == 0
+    model = build.load_model(str(out))
+    assert type(model.model.layers[0].mlp.down_proj) is nn.Linear  # left in float32, as the checkpoint has it
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+    assert build.compile_decode(model) is True

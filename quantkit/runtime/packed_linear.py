@@ -6,14 +6,16 @@ but close to compute-bound from a handful of rows on: over SmolLM2-135M's 30 lay
 1 row took 27-36 ms and 13 rows 72-80 ms. oneDNN's product over a weight reordered once into its blocked layout
 took 28 ms for 1 row padded to 4, 23-29 ms for 4-5 rows, 40 ms for 13 and 77 ms for 32; the 49152 x 576 head
 10 ms for 13 rows against 24-28 ms (docs/benchmarks.md, issue 8). So a 13-row verify costs about 1.5 plain steps
-instead of 3, and that is what speculative decoding and batched requests pay for.
+instead of 3, and that is what speculative decoding and batched requests pay for. The price: in a real one-row
+decode step the padded product is ~10% slower than MKL's one row over a transposed copy (28.7 vs 25.9 ms a
+step in torch.profiler), and one copy of the weights cannot have both layouts.
 
 The reordered weight is an opaque tensor: the module holds it instead of its float weight (no second copy),
 `weight` rebuilds the plain [out, in] matrix on demand, and a deepcopy clones it. A head tied to the input
 embedding is held twice: oneDNN's copy, and a plain transposed one that the embedding looks its rows up in and
 that one-row products read (faster there with MKL).
 Below 4 rows oneDNN takes a slower path (the head: 7.3 ms for 1 row, 5.7 ms for 4), so fewer rows are padded
-to 4; each output row depends only on its input row, so the padding changes no number.
+to 4; each output row of oneDNN's product depends only on its input row, so the padding changes no number.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import copy
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 MIN_ROWS = 4
@@ -66,7 +69,8 @@ def available() -> bool:
 
 
 class PackedLinear(nn.Module):
-    """An inference-only nn.Linear whose float32 weight lives in oneDNN's layout."""
+    """An inference-only nn.Linear whose float32 weight lives in oneDNN's layout. Moved or cast by `.to()`,
+    `.half()` and the like to anything but float32 on a CPU, it holds a plain weight and computes as nn.Linear."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, keep_transposed: bool = False):
         """keep_transposed: also hold the weight as a plain [in, out] tensor, for products of fewer than
@@ -74,52 +78,111 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         with torch.no_grad():
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), PACK_ROWS_HINT)
+            self._set_weight(weight.detach())
             self.transposed = weight.detach().t().contiguous() if keep_transposed else None
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
 
+    def _set_weight(self, w: torch.Tensor) -> None:
+        if w.dtype == torch.float32 and w.device.type == "cpu":
+            self.packed, self.plain = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), PACK_ROWS_HINT), None
+        else:
+            self.packed, self.plain = None, w
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plain is not None:
+            return F.linear(x, self.plain, self.bias)
         if torch.compiler.is_compiling():
             return packed_linear(x, self.packed, self.bias, self.out_features)
         if self.transposed is not None and x.numel() < MIN_ROWS * self.in_features:
             # MKL reads a [in, out] float32 matrix faster than oneDNN's layout for one row (the 49152 x 576
-            # head: 5.6 vs 7.5 ms), and slower for several (28 vs 11 ms for 13 rows)
+            # head: 4.5-5.6 vs 5.3-7.5 ms), and slower for several (23-28 vs 9.5-11 ms for 13 rows); such rows
+            # differ from the same rows of a longer product in the last bits
             y = x @ self.transposed
             return y if self.bias is None else y + self.bias
         return _product(x, self.packed, self.bias, self.out_features)
 
     @property
     def weight(self) -> torch.Tensor:
-        """The plain [out, in] weight, rebuilt (a new tensor each call: read it once, not per step)."""
-        return self.packed.to_dense()
+        """The plain [out, in] weight (rebuilt from oneDNN's layout: a new tensor each call, so read it once)."""
+        return self.plain if self.plain is not None else self.packed.to_dense()
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the oneDNN-laid weight (a kept transposed copy is a tensor of its own, counted apart)."""
-        return self.packed.numel() * self.packed.element_size()
+        """Bytes of the weight as held (a kept transposed copy is a tensor of its own, counted apart)."""
+        w = self.plain if self.plain is not None else self.packed
+        return w.numel() * w.element_size()
+
+    def _apply(self, fn, recurse=True):
+        # .to(), .half(), .cuda() reach parameters and buffers only: the weight is not one, so it is converted
+        # here, through its plain form
+        weight = fn(self.weight)
+        super()._apply(fn, recurse)
+        with torch.no_grad():
+            self._set_weight(weight.detach())
+            if self.transposed is not None:
+                self.transposed = fn(self.transposed)
+        return self
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         # the opaque tensor is no state a checkpoint can hold: save the plain weight, as nn.Linear would
         super()._save_to_state_dict(destination, prefix, keep_vars)
         destination[prefix + "weight"] = self.weight
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "weight"
+        if key not in state_dict:
+            missing_keys.append(key)
+        else:
+            w = state_dict.pop(key)  # load_state_dict hands each module a copy of the caller's dict
+            if tuple(w.shape) != (self.out_features, self.in_features):
+                error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)}, the "
+                                  f"shape in current model is {(self.out_features, self.in_features)}.")
+            else:
+                with torch.no_grad():
+                    self._set_weight(w.detach().to(self.weight.dtype).clone())
+                    if self.transposed is not None:
+                        self.transposed.copy_(w.t())
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def __getstate__(self):  # pickling (torch.save of a whole model): the plain weight, repacked on load
+        state = self.__dict__.copy()
+        if self.packed is not None:
+            state["packed"], state["plain"] = None, self.packed.to_dense()
+            state["_repack"] = True
+        return state
+
+    def __setstate__(self, state):
+        repack = state.pop("_repack", False)
+        self.__dict__.update(state)
+        if repack:
+            self._set_weight(self.plain)
+
     def __deepcopy__(self, memo):
         new = type(self).__new__(type(self))
         memo[id(self)] = new
         state = {k: v for k, v in self.__dict__.items() if k != "packed"}
         new.__dict__.update(copy.deepcopy(state, memo))
-        new.packed = self.packed.clone()  # opaque tensors have no storage for deepcopy to copy
+        # opaque tensors have no storage for deepcopy to copy
+        new.packed = self.packed.clone() if self.packed is not None else None
         return new
 
     def extra_repr(self) -> str:
+        layout = "oneDNN layout" if self.packed is not None else "plain"
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
-               "oneDNN layout"
+               f"{layout}"
 
 
 def pack_model(model: nn.Module) -> int:
-    """Swap every float32 CPU nn.Linear of `model` (a model only the runtime uses) for a PackedLinear; returns
-    how many were swapped (0 where this torch build lacks oneDNN)."""
-    if not available():
+    """Swap every float32 CPU nn.Linear of `model` (a float model only the runtime uses) for a PackedLinear;
+    returns how many were swapped: 0 where this torch build lacks oneDNN, and 0 for a quantised checkpoint, where
+    the few Linears left in float (a head, ignored layers) would cost the whole model its --compile
+    (build.compile_decode) and pad each step to 4 rows (llama_step.py) for little."""
+    from ..nn import QuantLinear
+    from ..nn_fp8 import FP8Linear
+
+    if not available() or any(isinstance(m, (QuantLinear, FP8Linear)) for m in model.modules()):
         return 0
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     swapped = 0
