@@ -1,6 +1,6 @@
 """Speculative decoding on the three prompt sets: tokens/s and tokens per target forward.
 
-Usage: python bench/speculative.py [--w4 CHECKPOINT] [--tokens 64] [--prompts 2] [-k 4]
+Usage: python bench/speculative.py [--w4 CHECKPOINT] [--tokens 64] [--prompts 2] [-k 4] [--repeat 1] [--ours-only]
 Rows: no speculation; prompt lookup; self-w4 draft (the target's own W4 RTN weights, packed in memory as
 `--draft self-w4` makes them: no second small model with this tokenizer exists here, so this is the draft model
 row); the W4 checkpoint as draft when --w4 is given; transformers' generate plain, with prompt_lookup_num_tokens and with
@@ -37,6 +37,9 @@ def main():
     ap.add_argument("--lookup-k", type=int, default=8,
                     help="also run prompt lookup with this many drafted tokens (a free draft can afford more)")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="rounds over all methods in turn; the median round is shown, with the range")
+    ap.add_argument("--ours-only", action="store_true", help="leave out transformers' rows")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -63,25 +66,34 @@ def main():
             def ours(k, make_drafter):
                 return decode_ours(model, prompts, params, k, make_drafter, eos)
 
-            rows = [("quantkit, no speculation", ours(k, None)),
-                    (f"quantkit, prompt lookup k={k}", ours(k, lambda: PromptLookupDrafter(a.ngram))),
-                    (f"quantkit, prompt lookup k={a.lookup_k}", ours(a.lookup_k, lambda: PromptLookupDrafter(a.ngram))),
-                    ("quantkit, self-w4 draft (packed)", ours(k, lambda: ModelDrafter(draft)))]
+            methods = [("quantkit, no speculation", lambda: ours(k, None)),
+                       (f"quantkit, prompt lookup k={k}", lambda: ours(k, lambda: PromptLookupDrafter(a.ngram))),
+                       (f"quantkit, prompt lookup k={a.lookup_k}",
+                        lambda: ours(a.lookup_k, lambda: PromptLookupDrafter(a.ngram))),
+                       ("quantkit, self-w4 draft (packed)", lambda: ours(k, lambda: ModelDrafter(draft)))]
             if w4 is not None:
-                rows.append(("quantkit, W4 checkpoint draft", ours(k, lambda: ModelDrafter(w4))))
-            rows += [("transformers generate", decode_hf(stock, prompts, a.tokens)),
-                     (f"transformers prompt_lookup_num_tokens={k}",
-                      decode_hf(stock, prompts, a.tokens, prompt_lookup_num_tokens=k)),
-                     (f"transformers prompt_lookup_num_tokens={a.lookup_k}",
-                      decode_hf(stock, prompts, a.tokens, prompt_lookup_num_tokens=a.lookup_k)),
-                     ("transformers assistant_model (self-w4)", decode_hf(stock, prompts, a.tokens,
-                                                                         assistant_model=draft))]
+                methods.append(("quantkit, W4 checkpoint draft", lambda: ours(k, lambda: ModelDrafter(w4))))
+            if not a.ours_only:
+                methods += [("transformers generate", lambda: decode_hf(stock, prompts, a.tokens)),
+                            (f"transformers prompt_lookup_num_tokens={k}",
+                             lambda: decode_hf(stock, prompts, a.tokens, prompt_lookup_num_tokens=k)),
+                            (f"transformers prompt_lookup_num_tokens={a.lookup_k}",
+                             lambda: decode_hf(stock, prompts, a.tokens, prompt_lookup_num_tokens=a.lookup_k)),
+                            ("transformers assistant_model (self-w4)",
+                             lambda: decode_hf(stock, prompts, a.tokens, assistant_model=draft))]
+            # every method once per round, in turn, so that the VM's drifting speed (~10-30% within minutes here)
+            # falls on all of them alike; the median round is reported
+            runs = [[] for _ in methods]
+            for _ in range(a.repeat):
+                for i, (_, run) in enumerate(methods):
+                    runs[i].append(run())
+            rows = [(m, sorted(r, key=lambda x: x[0])[len(r) // 2]) for (m, _), r in zip(methods, runs)]
             base_speed, _, _, base_out = rows[0][1]
-            for method, (speed, with_prefill, tpf, outs) in rows:
+            for (method, (speed, with_prefill, tpf, outs)), r in zip(rows, runs):
                 tpf_s = f"{tpf:.2f}" if tpf is not None else "-"
-                print(f"| {name} | {method} | {speed:.1f} | {speed / base_speed:.2f}x | {with_prefill:.1f} | "
+                spread = f" ({min(x[0] for x in r):.1f}-{max(x[0] for x in r):.1f})" if a.repeat > 1 else ""
+                print(f"| {name} | {method} | {speed:.1f}{spread} | {speed / base_speed:.2f}x | {with_prefill:.1f} | "
                       f"{tpf_s} | {'yes' if outs == base_out else 'no'} |", flush=True)
-
 
 if __name__ == "__main__":
     main()
