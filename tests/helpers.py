@@ -27,18 +27,24 @@ def tiny_config(arch: str, vocab_size: int = 512, layers: int = 2):
     return AutoConfig.for_model(arch, **kw)
 
 
-def make_tiny_model(folder: Path, arch: str = "llama", dtype=torch.float32, seed: int = 0, vocab_size: int = 512,
-                    layers: int = 2) -> Path:
+def tiny_model(arch: str = "llama", dtype=torch.float32, seed: int = 0, vocab_size: int = 512, layers: int = 2,
+               std: float = 0.05):
+    """A tiny random model in memory, in eval mode; every matrix drawn from N(0, std) because the default init
+    is so small that quantisation error and logit differences would hide in it."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    config = tiny_config(arch, vocab_size, layers)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    with torch.no_grad():  # default init is tiny; spread weights so quantisation error is visible but sane
-        for name, p in model.named_parameters():
+    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size, layers), dtype=dtype)
+    with torch.no_grad():
+        for p in model.parameters():
             if p.dim() == 2:
-                p.normal_(0, 0.05)
-    model.save_pretrained(folder)
+                p.normal_(0, std)
+    return model.eval()
+
+
+def make_tiny_model(folder: Path, arch: str = "llama", dtype=torch.float32, seed: int = 0, vocab_size: int = 512,
+                    layers: int = 2) -> Path:
+    tiny_model(arch, dtype, seed, vocab_size, layers).save_pretrained(folder)
     return Path(folder)
 
 

@@ -5,7 +5,7 @@ import gc
 
 import pytest
 import torch
-from helpers import rel_err, tiny_config
+from helpers import rel_err, tiny_config, tiny_model
 
 from quantkit.runtime import llama_step
 from quantkit.runtime.kv_cache import crop_to, forward, forward_many, new_decode_cache
@@ -13,15 +13,7 @@ from quantkit.runtime.slot_cache import SlotHandle
 
 
 def _model(arch: str, seed: int = 0):
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(arch, vocab_size=128, layers=2), dtype=torch.float32)
-    with torch.no_grad():  # spread the weights so that the logits are far from uniform
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.08)
-    return model.eval()
+    return tiny_model(arch, seed=seed, vocab_size=128, std=0.08)  # logits far from uniform
 
 
 def _ref(model, ids: torch.Tensor) -> torch.Tensor:
