@@ -1,6 +1,7 @@
 """Where speculation stops paying as the batch grows: the engine's aggregate tokens/s with and without it.
 
 Usage: python bench/spec_batch.py [--batches 1,2,4,8,16] [--tokens 48] [--threads 1] [--draft lookup|self-w4]
+                                 [--model embedded|CHECKPOINT]
 
 N code-editing requests (bench/prompts/code_edit.jsonl, cycled) are submitted to one Engine at once and decoded
 greedily to the end; the row is total output tokens / wall time from submission to the last token. "on" lets
@@ -62,10 +63,11 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--draft", choices=["lookup", "self-w4"], default="lookup")
     ap.add_argument("-k", type=int, default=4)
+    ap.add_argument("--model", default="embedded", help="the served model: 'embedded' (float32) or a checkpoint")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     tok = build.load_tokenizer("embedded")
-    model = build.load_model("embedded", torch.float32)
+    model = build.load_model(a.model, torch.float32)
     prompts = prompt_ids(tok, "code_edit")
     if a.draft == "lookup":
         factory = lambda: PromptLookupDrafter(3)  # noqa: E731
@@ -73,7 +75,7 @@ def main():
         draft = self_w4_draft(model)
         factory = lambda: ModelDrafter(draft)  # noqa: E731
     run(model, tok, prompts, 1, 4, None, a.k, False)  # warm-up
-    print(f"torch threads {torch.get_num_threads()}, draft {a.draft}, k={a.k}, {a.tokens} tokens per request, "
+    print(f"{a.model}, torch threads {torch.get_num_threads()}, draft {a.draft}, k={a.k}, {a.tokens} tokens per request, "
           "code_edit prompts, greedy")
     print("| concurrent requests | tok/s speculation off | tok/s speculation on | on / off |")
     print("|---|---|---|---|")

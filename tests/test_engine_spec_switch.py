@@ -42,3 +42,23 @@ def test_speculation_stops_above_the_limit_and_output_is_unchanged(limit, specul
     spec_steps = sum(s.metrics.spec_steps for s in seqs)
     # three requests of equal length stay active together to the end: with a limit of 2 no step may draft
     assert (spec_steps > 0) is speculates
+
+
+def test_default_limit_depends_on_the_model_kind(tmp_path, cli):
+    """Measured in bench/spec_batch.py: speculation pays up to ~8 requests for a float model, 2 for a W4
+    checkpoint on a CPU; the engine picks by what the model holds unless told."""
+    import quantkit
+    from helpers import make_tiny_model
+
+    float_model = tiny_llama(vocab_size=64, seed=3)
+    src = make_tiny_model(tmp_path / "src", "llama")
+    out = tmp_path / "w4"
+    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
+    w4 = quantkit.load(out, dtype=torch.float32, cpu_fast=True)
+    engines = [Engine(float_model, NumberTokenizer()), Engine(w4, NumberTokenizer()),
+               Engine(w4, NumberTokenizer(), spec_max_batch=5)]
+    try:
+        assert [e.spec_max_batch for e in engines] == [8, 2, 5]
+    finally:
+        for e in engines:
+            e.close()

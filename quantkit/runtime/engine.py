@@ -36,10 +36,20 @@ class Request:
         self.failed = False
 
 
+def default_spec_max_batch(model) -> int:
+    """Up to how many active requests speculation pays, by model kind (bench/spec_batch.py, prompt lookup on code
+    edits, one CPU thread, docs/benchmarks.md): float models up to about 8; int4/int8 checkpoints on a CPU only up
+    to 2 (0.86-0.94x from 3 on), where torch's packed int4 products and the float16 head cost more per extra row."""
+    from ..nn import QuantLinear
+
+    quantised_cpu = any(isinstance(m, QuantLinear) and m.weight_packed.device.type == "cpu" for m in model.modules())
+    return 2 if quantised_cpu else 8
+
+
 class Engine:
     def __init__(self, model, tokenizer, *, drafter_factory=None, num_speculative_tokens: int = 4,
-                 max_active: int = 64, max_queue: int = 256, spec_max_batch: int = 8, keep_details: int = 256,
-                 kv_cache: str = "auto"):
+                 max_active: int = 64, max_queue: int = 256, spec_max_batch: int | None = None,
+                 keep_details: int = 256, kv_cache: str = "auto"):
         self.model = model
         self.tokenizer = tokenizer
         self.drafter_factory = drafter_factory
@@ -47,7 +57,7 @@ class Engine:
         self.kv_cache = kv_cache
         self.max_active = max_active
         self.max_queue = max_queue
-        self.spec_max_batch = spec_max_batch
+        self.spec_max_batch = default_spec_max_batch(model) if spec_max_batch is None else spec_max_batch
         self.metrics = ServerMetrics()
         self.details: collections.OrderedDict[str, dict] = collections.OrderedDict()
         self.keep_details = keep_details
@@ -96,9 +106,7 @@ class Engine:
             if self._stop:
                 return
             # With one batched forward, a drafting request's k+1 verify rows pad every other row to k+1 as well;
-            # past spec_max_batch requests that costs more than drafts save (bench/spec_batch.py, prompt lookup on
-            # code edits, one CPU thread, three runs: 1.2-1.6x up to 4 concurrent requests, 0.99-1.31x at 8,
-            # 0.97-1.03x at 12, 0.89-0.99x at 16 and 32).
+            # past spec_max_batch requests that costs more than drafts save (default_spec_max_batch)
             speculate = len(self._active) <= self.spec_max_batch
             live = []
             for req in self._active:
