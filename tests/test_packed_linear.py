@@ -136,6 +136,10 @@ def test_runtime_loader_packs_float32_and_leaves_bf16(tmp_path):
                             torch.bfloat16)
     assert not any(isinstance(m, PackedLinear) for m in bf16.modules())  # oneDNN packing here is float32 only
     assert pack_model(tiny_llama(dtype=torch.bfloat16)) == 0
+    # no --dtype: float32 whatever the checkpoint stores (the CLI's documented CPU default); a float16 model
+    # would run its products row by row here and compile to 0.2 tok/s
+    f16 = build.load_model(str(make_tiny_model(tmp_path / "f16", dtype=torch.float16, seed=1)))
+    assert f16.dtype == torch.float32 and isinstance(f16.model.layers[0].mlp.up_proj, PackedLinear)
 
 
 def test_self_w4_draft_of_a_packed_model_equals_the_unpacked_one():
