@@ -128,14 +128,16 @@ def test_state_dict_holds_the_plain_weights():
     assert all(torch.equal(got[k], want[k]) for k in want)
 
 
-def test_runtime_loader_packs_float32_and_leaves_bf16(tmp_path):
+def test_runtime_loader_packs_float32_and_bf16_where_the_cpu_has_it(tmp_path):
     f32 = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=1)))
     assert isinstance(f32.model.layers[0].mlp.down_proj, PackedLinear)
     assert isinstance(f32.get_output_embeddings(), PackedLinear)
     bf16 = build.load_model(str(make_tiny_model(tmp_path / "bf16", dtype=torch.bfloat16, seed=1)),
                             torch.bfloat16)
-    assert not any(isinstance(m, PackedLinear) for m in bf16.modules())  # oneDNN packing here is float32 only
-    assert pack_model(tiny_llama(dtype=torch.bfloat16)) == 0
+    n_bf16 = sum(isinstance(m, PackedLinear) for m in bf16.modules())
+    assert n_bf16 == (2 * 7 + 1 if available(torch.bfloat16) else 0)
+    f16 = build.load_model(str(make_tiny_model(tmp_path / "f16b", dtype=torch.float16, seed=1)), torch.float16)
+    assert not any(isinstance(m, PackedLinear) for m in f16.modules())  # oneDNN's float16 needs AVX512-FP16
     # no --dtype: float32 whatever the checkpoint stores (the CLI's documented CPU default); a float16 model
     # would run its products row by row here and compile to 0.2 tok/s
     f16 = build.load_model(str(make_tiny_model(tmp_path / "f16", dtype=torch.float16, seed=1)))
@@ -207,11 +209,15 @@ def test_to_save_and_load_keep_working():
         pack_model(other)
         other.load_state_dict(reference.state_dict())
         assert rel_err(other(ids).logits, want) < 1e-5
+        half = copy.deepcopy(model).half()  # float16 has no oneDNN layout here: a plain weight
+        assert half.model.layers[0].mlp.up_proj.plain.dtype == torch.float16
         bf16 = copy.deepcopy(model).to(torch.bfloat16)
-        assert bf16.model.layers[0].mlp.up_proj.plain.dtype == torch.bfloat16
-        # bf16 weights and activations through one layer: ~1e-2 relative; a wrong weight would be order 1
+        up = bf16.model.layers[0].mlp.up_proj
+        assert up.weight.dtype == torch.bfloat16 and (up.packed is not None) == available(torch.bfloat16)
+        # 16-bit weights and activations through one layer: ~1e-2 relative; a wrong weight would be order 1
         assert rel_err(bf16(ids).logits.float(), want) < 5e-2
-        back = bf16.float()
+        assert rel_err(half(ids).logits.float(), want) < 5e-2
+        back = half.float()
         assert back.model.layers[0].mlp.up_proj.packed is not None  # float32 on a CPU again: re-laid out
 
 
@@ -226,3 +232,33 @@ def test_quantised_checkpoints_are_not_packed(tmp_path, cli):
     assert type(model.model.layers[0].mlp.down_proj) is nn.Linear  # left in float32, as the checkpoint has it
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
     assert build.compile_decode(model) is True
+
+
+@pytest.mark.skipif(not available(torch.bfloat16), reason="this CPU has no bf16 instructions for oneDNN")
+def test_bf16_model_packs_and_decodes_its_own_greedy_tokens():
+    """`--dtype bfloat16`: products in bf16 (8 significant bits) from oneDNN's layout; rows independent of their
+    batch, logits near the unpacked model's, and speculation leaves greedy output unchanged. (Token equality
+    with transformers' generate is a float32 property: in bf16 our forward and transformers' round differently,
+    packed or not, and near-ties of a tiny random model flip.)"""
+    model = tiny_llama(vocab_size=256, hidden=64, layers=2, seed=5, init_std=0.1, dtype=torch.bfloat16)
+    reference = copy.deepcopy(model)
+    assert pack_model(model) == 2 * 7 + 1
+    assert model.lm_head.transposed is None  # bf16 keeps no plain copy: MKL's bf16 row is slower
+    lin = model.model.layers[0].mlp.up_proj
+    x = torch.randn(13, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    ids = torch.tensor([_prompts(1, 256, seed=1)[0]])
+    with torch.no_grad():
+        full = lin(x)
+        assert all(torch.equal(lin(x[r: r + 1]), full[r: r + 1]) for r in range(13))
+        # bf16 rounding of every product through two layers: ~1e-2 relative; a wrong weight is order 1
+        assert rel_err(model(ids).logits.float(), reference(ids).logits.float()) < 3e-2
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    with single_thread():
+        spec_steps = 0
+        for prompt in _prompts(8, 256, seed=2):
+            want = generate(model, prompt, params).output_ids()
+            spec = generate(model, prompt, params, drafter=PromptLookupDrafter(3, min_ngram=1),
+                            num_speculative_tokens=4)
+            assert spec.output_ids() == want
+            spec_steps += spec.metrics.spec_steps
+        assert spec_steps > 0
