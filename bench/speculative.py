@@ -1,6 +1,7 @@
 """Speculative decoding on the three prompt sets: tokens/s and tokens per target forward.
 
 Usage: python bench/speculative.py [--w4 CHECKPOINT] [--tokens 64] [--prompts 2] [-k 4] [--repeat 1] [--ours-only]
+       [--dtype float32|bfloat16|float16]
 Rows: no speculation; prompt lookup; self-w4 draft (the target's own W4 RTN weights, packed in memory as
 `--draft self-w4` makes them: no second small model with this tokenizer exists here, so this is the draft model
 row); the W4 checkpoint as draft when --w4 is given; transformers' generate plain, with prompt_lookup_num_tokens and with
@@ -40,19 +41,22 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over all methods in turn; the median round is shown, with the range")
     ap.add_argument("--ours-only", action="store_true", help="leave out transformers' rows")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                    help="dtype of the target (and of transformers' reference model)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
     tok = build.load_tokenizer("embedded")
-    model = build.load_model("embedded", torch.float32)
+    dtype = build.parse_dtype(a.dtype)
+    model = build.load_model("embedded", dtype)
     eos = eos_ids(model, tok)
     draft = self_w4_draft(model, packed=True)
     from transformers import AutoModelForCausalLM
 
-    stock = AutoModelForCausalLM.from_pretrained(build.resolve_path("embedded"), dtype=torch.float32).eval()
+    stock = AutoModelForCausalLM.from_pretrained(build.resolve_path("embedded"), dtype=dtype).eval()
     w4 = build.load_model(a.w4, torch.float32) if a.w4 else None
     k = a.k
-    print(f"torch threads: {torch.get_num_threads()}, {a.prompts} prompts per set, up to {a.tokens} tokens, "
+    print(f"{a.dtype} target, torch threads: {torch.get_num_threads()}, {a.prompts} prompts per set, up to {a.tokens} tokens, "
           f"greedy, k={k}, prompt-lookup n-gram {a.ngram}; decode tok/s leaves out the prefill")
     print("| prompt set | method | decode tok/s | speed-up vs ours plain | tok/s with prefill | "
           "tokens per target forward | same text |")
