@@ -53,6 +53,31 @@ def tree_hash(folder: Path) -> dict[str, str]:
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}
 
 
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy generate: exactly n new tokens after `prompt`."""
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                         pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def greedy_with_and_without_lookup(model, prompts, params, want=None) -> int:
+    """For each prompt, our greedy decode of `model` equals want(prompt) (when given), and decoding with prompt
+    lookup drafting gives the same tokens; returns how many verify steps drafted, for the caller to check > 0."""
+    from quantkit.runtime.generate import generate
+    from quantkit.runtime.speculative import PromptLookupDrafter
+
+    spec_steps = 0
+    for prompt in prompts:
+        expected = want(prompt) if want is not None else None  # first, as the callers' loops always ran it
+        plain = generate(model, prompt, params).output_ids()
+        if expected is not None:
+            assert plain == expected
+        spec = generate(model, prompt, params, drafter=PromptLookupDrafter(3, min_ngram=1), num_speculative_tokens=4)
+        assert spec.output_ids() == plain
+        spec_steps += spec.metrics.spec_steps
+    return spec_steps
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 

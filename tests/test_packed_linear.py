@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import make_tiny_model, rel_err
+from helpers import greedy_with_and_without_lookup, hf_greedy, make_tiny_model, rel_err
 from quantkit.runtime import build
 from quantkit.runtime.generate import generate
 from quantkit.runtime.packed_linear import PackedLinear, available, pack_model
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.speculative import PromptLookupDrafter, self_w4_draft
+from quantkit.runtime.speculative import self_w4_draft
 from quantkit.runtime.tiny import single_thread, tiny_llama
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")
@@ -79,12 +79,6 @@ def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
     return out
 
 
-def _hf_greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                         pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 @pytest.mark.parametrize("tied", [False, True])
 def test_packed_model_decodes_transformers_tokens(tied):
     """Every float32 Linear swapped (the head too, the tied embedding keeping its table); greedy output, with
@@ -106,15 +100,9 @@ def test_packed_model_decodes_transformers_tokens(tied):
         # same float32 products in another summation order: ~1e-6 relative through two layers
         assert rel_err(model(ids).logits, reference(ids).logits) < 1e-5
     params = SamplingParams(max_tokens=12, ignore_eos=True)
-    spec_steps = 0
     with single_thread():
-        for prompt in _prompts(20, 256, seed=2):
-            want = _hf_greedy(reference, prompt, 12)
-            assert generate(model, prompt, params).output_ids() == want
-            spec = generate(model, prompt, params, drafter=PromptLookupDrafter(3, min_ngram=1),
-                            num_speculative_tokens=4)
-            assert spec.output_ids() == want
-            spec_steps += spec.metrics.spec_steps
+        spec_steps = greedy_with_and_without_lookup(model, _prompts(20, 256, seed=2), params,
+                                                    want=lambda p: hf_greedy(reference, p, 12))
     assert spec_steps > 0
 
 
@@ -254,11 +242,4 @@ def test_bf16_model_packs_and_decodes_its_own_greedy_tokens():
         assert rel_err(model(ids).logits.float(), reference(ids).logits.float()) < 3e-2
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     with single_thread():
-        spec_steps = 0
-        for prompt in _prompts(8, 256, seed=2):
-            want = generate(model, prompt, params).output_ids()
-            spec = generate(model, prompt, params, drafter=PromptLookupDrafter(3, min_ngram=1),
-                            num_speculative_tokens=4)
-            assert spec.output_ids() == want
-            spec_steps += spec.metrics.spec_steps
-        assert spec_steps > 0
+        assert greedy_with_and_without_lookup(model, _prompts(8, 256, seed=2), params) > 0

@@ -5,11 +5,11 @@ import copy
 
 import torch
 
+from helpers import greedy_with_and_without_lookup
 from quantkit.runtime import compiled as steps
 from quantkit.runtime.build import compile_decode
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.speculative import PromptLookupDrafter
 from quantkit.runtime.tiny import single_thread, tiny_llama
 
 
@@ -23,16 +23,10 @@ def test_compiled_decode_matches_eager_greedy_tokens():
     chunk = torch.randint(1, 128, (9,), generator=g).tolist()
     prompts = [chunk + [3] + chunk[:4], torch.randint(1, 128, (7,), generator=g).tolist()]
     params = SamplingParams(max_tokens=20, ignore_eos=True)
-    spec_steps = 0
     with single_thread(), torch.inference_mode():
-        for ids in prompts:
-            want = generate(eager, ids, params).output_ids()
-            assert generate(compiled, ids, params).output_ids() == want
-            # verify steps feed a varying number of tokens and crop the cache: the dynamic-shape graph copes
-            spec = generate(compiled, ids, params, drafter=PromptLookupDrafter(3, min_ngram=1),
-                            num_speculative_tokens=4)
-            assert spec.output_ids() == want
-            spec_steps += spec.metrics.spec_steps
+        # verify steps feed a varying number of tokens and crop the cache: the dynamic-shape graph copes
+        spec_steps = greedy_with_and_without_lookup(compiled, prompts, params,
+                                                    want=lambda ids: generate(eager, ids, params).output_ids())
     assert spec_steps > 0
     # decode steps (one token) and verify steps (several) ran compiled; prefills (14 and 7 tokens, more than any verify feeds) did not
     assert 1 in calls and max(calls) > 1 and 14 not in calls and 7 not in calls

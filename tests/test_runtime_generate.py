@@ -2,6 +2,8 @@
 import pytest
 import torch
 
+from helpers import hf_greedy
+
 from quantkit.errors import UserError
 from quantkit.runtime.generate import Sequence, generate
 from quantkit.runtime.sampling import SamplingParams, probs
@@ -14,17 +16,11 @@ def _prompts(n, vocab, seed=1, lo=3, hi=40):
             for _ in range(n)]
 
 
-def _hf_greedy(model, prompt, n):
-    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
-                         pad_token_id=0)
-    return out[0, len(prompt):].tolist()
-
-
 def test_greedy_matches_transformers_generate_tiny():
     model = tiny_llama(vocab_size=512, seed=3)
     for prompt in _prompts(20, 512):
         ours = generate(model, prompt, SamplingParams(max_tokens=16)).output_ids()
-        assert ours == _hf_greedy(model, prompt, 16)
+        assert ours == hf_greedy(model, prompt, 16)
 
 
 @pytest.mark.slow
@@ -45,7 +41,7 @@ def test_greedy_matches_transformers_generate_real_model():
     for text in texts:
         ids = tok(text)["input_ids"]
         seq = generate(model, ids, SamplingParams(max_tokens=12, ignore_eos=True), eos=set())
-        assert seq.output_ids() == _hf_greedy(model, ids, 12), text
+        assert seq.output_ids() == hf_greedy(model, ids, 12), text
 
 
 def _reference_probs(logits, temperature, top_k, top_p):

@@ -50,8 +50,7 @@ def generate_cmd(
     tok = build.load_tokenizer(path)
     make_drafter = build.drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt)
     if compile_ and not build.compile_decode(model):  # after the drafter: a self-w4 draft copies the eager model
-        typer.echo("note: --compile leaves this float32 model eager: its products are already oneDNN calls, "
-                   "which a compiled graph would only slow down", err=True)
+        typer.echo(build.STAYS_EAGER_NOTE, err=True)
     if chat:
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                       tokenize=True, return_dict=False)

@@ -67,6 +67,10 @@ def load_model(path: str, dtype=None):
     return model.eval()
 
 
+STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its products are already oneDNN calls, which a "
+                    "compiled graph would only slow down")
+
+
 def compile_decode(model):
     """torch.compile the decode step (`--compile`), with dynamic shapes so that the growing cache and the varying
     number of verified tokens do not recompile. Prefills stay eager (kv_cache.forward, llama_step.forward_batch):

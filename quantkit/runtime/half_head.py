@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+
 from .packed_linear import PackedLinear
 
 # Beyond this the float16 copy could overflow (max 65504); such a head stays as it is.
