@@ -50,7 +50,7 @@ def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a decode step reads: every parameter and buffer once; a tied embedding is read once
     (as lm_head), and the embedding lookup itself only touches one row."""
-    from quantkit.runtime.packed_linear import PackedLinear
+    from quantkit.runtime.opaque_linear import OpaqueLinear
 
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
@@ -58,9 +58,9 @@ def weight_bytes_per_token(model) -> int:
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
-    total += sum(m.nbytes for m in model.modules() if isinstance(m, PackedLinear))  # oneDNN-laid weights
+    total += sum(m.nbytes for m in model.modules() if isinstance(m, OpaqueLinear))  # oneDNN / FBGEMM layouts
     emb, head = model.get_input_embeddings().weight, model.get_output_embeddings()
-    if isinstance(head, PackedLinear) or emb.data_ptr() != head.weight.data_ptr():
+    if isinstance(head, OpaqueLinear) or emb.data_ptr() != head.weight.data_ptr():
         total -= emb.numel() * emb.element_size()
     return total
 

@@ -11,6 +11,7 @@ its plain generate, what a user without quantkit runs; "transformers, our module
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -22,6 +23,20 @@ import torch  # noqa: E402
 from common import copy_bandwidth, decode_hf, decode_ours, prompt_ids, read_bandwidth, weight_bytes_per_token  # noqa: E402
 from quantkit.runtime import build  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
+
+
+@contextlib.contextmanager
+def half_weights(allowed: bool):
+    """Load with or without FBGEMM's float16 weights (relayout.py asks half_weight_linear.available)."""
+    from quantkit.runtime import half_weight_linear
+
+    real = half_weight_linear.available
+    if not allowed:
+        half_weight_linear.available = lambda: False
+    try:
+        yield
+    finally:
+        half_weight_linear.available = real
 
 
 def ours(model, prompts, n):
@@ -55,6 +70,9 @@ def main():
     ap.add_argument("--prompts", type=int, default=2)
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     ap.add_argument("--compile", action="store_true", help="also time each model with --compile (torch.compile)")
+    ap.add_argument("--float32-weights", action="store_true",
+                    help="also time the float model with its weights held in float32 (oneDNN's layout), as before "
+                         "the runtime held float16 checkpoints' weights in float16 (FBGEMM)")
     a = ap.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -62,15 +80,22 @@ def main():
     prompts = prompt_ids(tok, "open_prose", a.prompts)
     bw, copy_bw = read_bandwidth(), copy_bandwidth()
     rows = []
-    variants = [("float32", "embedded")] + ([("w4a16", a.w4)] if a.w4 else [])
+    # the float model is SmolLM2 as stored (float16) run in float32: the runtime holds its weights in float16 and
+    # multiplies in float32 (runtime/half_weight_linear.py), transformers holds them in float32
+    variants = [("float (fp16 weights, fp32 products)", "embedded", True)]
+    if a.float32_weights:
+        variants.append(("float (fp32 weights, oneDNN)", "embedded", False))
+    if a.w4:
+        variants.append(("w4a16", a.w4, True))
     if a.compile:
-        variants = [(n + c, p) for n, p in variants for c in ("", " --compile")]
+        variants = [(n + c, p, h) for n, p, h in variants for c in ("", " --compile")]
     with torch.inference_mode():
-        for name, path in variants:
-            model = build.load_model(path, torch.float32)
+        for name, path, hold_half in variants:
+            with half_weights(hold_half):
+                model = build.load_model(path, torch.float32)
             wb = weight_bytes_per_token(model)  # before compiling: the compiled forward holds the same tensors
             if name.endswith("--compile") and not build.compile_decode(model):
-                print(f"{name}: stays eager (oneDNN-laid float32 Linears; build.compile_decode), row left out")
+                print(f"{name}: stays eager (FBGEMM / oneDNN products; build.compile_decode), row left out")
                 continue
             ours(model, prompts[:1], 4)  # warm-up (and, compiled, the compilation)
             limit = bw / wb

@@ -1,10 +1,13 @@
-"""float32 products of a few rows with SmolLM2-135M's weights: MKL (nn.Linear) against oneDNN's packed layout.
+"""float32 products of a few rows with SmolLM2-135M's weights: MKL (nn.Linear), oneDNN's packed layout, and
+float16-held weights (FBGEMM).
 
 Usage: python bench/float_layout.py [--rows 1,2,4,5,13,32] [--threads 1]
 Times one pass over 30 layers' q, k, v, o, gate, up and down projections (random weights of the real shapes, so
 the 420 MB do not fit in any cache), and the 49152 x 576 output head alone, for each row count: MKL with the
 weight as nn.Linear stores it ([out, in]), MKL with it stored transposed ([in, out], what the runtime used
-before), and runtime/packed_linear.py's PackedLinear (oneDNN, rows below 4 padded). Best of 5 passes, in ms.
+before), runtime/packed_linear.py's PackedLinear (oneDNN, rows below 4 padded), and
+runtime/half_weight_linear.py's HalfWeightLinear (the weights rounded to float16, as a float16 checkpoint's are:
+half the bytes, float32 products). Best of 5 passes, in ms.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from quantkit.runtime.half_weight_linear import HalfWeightLinear, available as half_available  # noqa: E402
 from quantkit.runtime.packed_linear import PackedLinear  # noqa: E402
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # [out, in]
@@ -39,9 +43,12 @@ def variants(weights: list[torch.Tensor]):
     """(name, list of callables x -> y), one callable per weight."""
     transposed = [w.t().contiguous() for w in weights]
     packed = [PackedLinear(w, None) for w in weights]
-    return [("MKL [out, in]", [lambda x, w=w: F.linear(x, w) for w in weights]),
-            ("MKL [in, out]", [lambda x, wt=wt: x @ wt for wt in transposed]),
-            ("oneDNN packed", packed)]
+    out = [("MKL [out, in]", [lambda x, w=w: F.linear(x, w) for w in weights]),
+           ("MKL [in, out]", [lambda x, wt=wt: x @ wt for wt in transposed]),
+           ("oneDNN packed", packed)]
+    if half_available():
+        out.append(("float16 weights (FBGEMM)", [HalfWeightLinear(w, None) for w in weights]))
+    return out
 
 
 def main():
@@ -54,10 +61,11 @@ def main():
     layers = [torch.randn(s, generator=g) for _ in range(LAYERS) for s in SHAPES]
     head = [torch.randn(HEAD, generator=g)]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); ms per pass, best of 5")
-    print("| rows | part | MKL [out, in] | MKL [in, out] | oneDNN packed |")
-    print("|---|---|---|---|---|")
-    for part, weights in (("30 layers", layers), ("head", head)):
+    for i, (part, weights) in enumerate((("30 layers", layers), ("head", head))):
         calls = variants(weights)
+        if i == 0:
+            print("| rows | part | " + " | ".join(name for name, _ in calls) + " |")
+            print("|---|---|" + "---|" * len(calls))
         for rows in (int(r) for r in a.rows.split(",")):
             xs = {k: torch.randn(rows, k, generator=g) for k in {w.shape[1] for w in weights}}
             cells = []

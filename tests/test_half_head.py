@@ -1,16 +1,24 @@
 """The float16 output head of the runtime's CPU fast path (quantkit/runtime/half_head.py)."""
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
 import quantkit
 from helpers import make_tiny_model
+from quantkit.runtime import half_weight_linear as half
 from quantkit.runtime.half_head import SAFE_ABSMAX, HalfHead, use_half_head
 from quantkit.runtime.tiny import tiny_llama
 
+# FBGEMM's float16-weight product where torch has it (x86), else torch's own float16 product
+COPY = half.HalfWeightLinear if half.available() else HalfHead
 
-def test_half_head_matches_float64_within_float16_rounding():
+
+@pytest.mark.parametrize("kind", ["fbgemm", "torch"])
+def test_half_head_matches_float64_within_float16_rounding(kind):
+    if kind == "fbgemm" and not half.available():
+        pytest.skip("this torch build has no FBGEMM (x86 only)")
     g = torch.Generator().manual_seed(0)
     head = nn.Linear(96, 500, bias=True)
     with torch.no_grad():
@@ -18,12 +26,12 @@ def test_half_head_matches_float64_within_float16_rounding():
         head.bias.copy_(torch.randn(500, generator=g))
     x = torch.randn(7, 96, generator=g) * 3
     ref = x.double() @ head.weight.double().t() + head.bias.double()
-    y = HalfHead(head)(x)
+    y = half.HalfWeightLinear(head.weight, head.bias)(x) if kind == "fbgemm" else HalfHead(head)(x)
     assert y.dtype == torch.float32
     rel = float((y.double() - ref).norm() / ref.norm())
-    # float16 keeps 11 significant bits: each input and weight is rounded by at most 2^-11 relative, which
-    # averages out over the 96-term sums to well under 1e-3; a float32 result is 1000x closer, and a wrong
-    # layout or a bf16 copy (8 bits, ~3e-3) would be far off
+    # float16 keeps 11 significant bits: each weight (and, for torch's product, input and output) is rounded by
+    # at most 2^-11 relative, which averages out over the 96-term sums to well under 1e-3; a float32 result is
+    # 1000x closer, and a wrong layout or a bf16 copy (8 bits, ~3e-3) would be far off
     assert 1e-6 < rel < 1e-3
 
 
@@ -37,7 +45,7 @@ def test_tied_head_gets_a_copy_and_the_embedding_table_stays_float32():
         before = model(ids).logits
         assert use_half_head(model)
         after = model(ids).logits
-    assert isinstance(model.get_output_embeddings(), HalfHead)
+    assert isinstance(model.get_output_embeddings(), COPY)
     assert model.get_input_embeddings().weight is emb and emb.dtype == torch.float32
     assert after.dtype == torch.float32
     assert 0 < float((after - before).abs().max()) < 1e-3 * float(before.abs().max())
@@ -57,5 +65,5 @@ def test_runtime_load_of_a_quantised_checkpoint_uses_it_and_exact_load_does_not(
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "out"
     assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
-    assert isinstance(quantkit.load(out, dtype=torch.float32, cpu_fast=True).lm_head, HalfHead)
+    assert isinstance(quantkit.load(out, dtype=torch.float32, cpu_fast=True).lm_head, COPY)
     assert type(quantkit.load(out, dtype=torch.float32).lm_head) is nn.Linear

@@ -248,26 +248,30 @@ def test_stream_chunks_carry_running_speculation_totals(server):
     assert totals[-1] == {k: final[k] for k in ("drafted", "accepted", "spec_steps")} and final["drafted"] > 0
 
 
-def test_compare_base_is_compiled_with_the_served_model(folders):
+def test_compare_base_is_compiled_with_the_served_model(folders, monkeypatch):
     """`serve --compile --compare BASE`: the base decodes through compiled steps too, so their speeds compare;
-    a float32 (or bf16) base on a CPU stays eager, where its oneDNN-laid Linears are faster than a compiled
-    graph; a float16 one is not re-laid out and compiles."""
-    from quantkit.runtime import build, compiled
+    a base whose Linears the runtime re-laid out (float16 weights with float32 products, or oneDNN's float32
+    layout) stays eager, where those products are faster than a compiled graph; one left as nn.Linear (here a
+    float16 base where FBGEMM is made unavailable) compiles."""
+    from quantkit.runtime import build, compiled, half_weight_linear
     from quantkit.runtime.engine import Engine
-    from quantkit.runtime.packed_linear import PackedLinear
+    from quantkit.runtime.opaque_linear import OpaqueLinear
     from quantkit.runtime.playground import load_compare
 
     served = build.load_model(str(folders["quant"]))
     engine = Engine(served, build.load_tokenizer(str(folders["quant"])))
     try:
+        relaid = load_compare(str(folders["base"]), engine, dtype=torch.float16, compile_=True)
+        packed = load_compare(str(folders["base"]), engine, compile_=True)
+        monkeypatch.setattr(half_weight_linear, "available", lambda: False)
         plain = load_compare(str(folders["base"]), engine, dtype=torch.float16)
         fast = load_compare(str(folders["base"]), engine, dtype=torch.float16, compile_=True)
-        packed = load_compare(str(folders["base"]), engine, compile_=True)
         assert compiled.step(plain.engine.model, "slot") is None
         assert compiled.step(fast.engine.model, "slot") is not None
-        assert compiled.step(packed.engine.model, "slot") is None
-        assert isinstance(packed.engine.model.model.layers[0].mlp.up_proj, PackedLinear)
-        for c in (plain, fast, packed):
+        for c in (relaid, packed):
+            assert compiled.step(c.engine.model, "slot") is None
+            assert isinstance(c.engine.model.model.layers[0].mlp.up_proj, OpaqueLinear)
+        for c in (plain, fast, packed, relaid):
             c.engine.close()
     finally:
         engine.close()

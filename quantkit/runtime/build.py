@@ -59,16 +59,16 @@ def load_model(path: str, dtype=None):
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     from .llama_step import RELAYOUT_ATTR
-    from .packed_linear import pack_model
+    from .relayout import relayout_model
 
-    # this model only decodes: its float weights may be re-laid out for speed (packed_linear.py, fused_proj.py)
+    # this model only decodes: its float weights may be re-laid out for speed (relayout.py, fused_proj.py)
     setattr(model, RELAYOUT_ATTR, True)
-    pack_model(model)
+    relayout_model(model)
     return model.eval()
 
 
-STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its products are already oneDNN calls, which a "
-                    "compiled graph would only slow down")
+STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its products are already FBGEMM or oneDNN calls, "
+                    "which a compiled graph would only slow down")
 
 
 def compile_decode(model):
@@ -79,15 +79,19 @@ def compile_decode(model):
     dominate and it gains little. The first decode step compiles (about a minute on 2 cores), so it is
     opt-in. Outputs equal the eager model's up to float summation order.
 
-    A model whose Linears are PackedLinear (the runtime's float32 CPU models) stays eager: its products are
-    already single oneDNN calls, and inside a compiled graph each costs ~30 us more (a custom op called back into
-    Python), which over 211 calls made a float32 step slower than eager (15.4 vs 19.5 tok/s, docs/benchmarks.md).
+    A model whose Linears the runtime re-laid out (relayout.py: FBGEMM's float16 weights or oneDNN's layout, the
+    runtime's float CPU models) stays eager: its products are already single library calls that a compiled graph
+    cannot fuse with anything; through a custom op each cost ~30 us more, which over 211 calls made a float32
+    step slower than eager (15.4 vs 19.5 tok/s), and FBGEMM's packed weights split the graph at every product
+    (22 ms a step against 32, docs/benchmarks.md). A re-laid-out output head alone (a quantised checkpoint's
+    float16 copy, half_head.py) is called after the compiled layers and does not count.
     Returns whether anything was compiled."""
     from . import compiled
     from .llama_step import layers_forward
-    from .packed_linear import PackedLinear
+    from .opaque_linear import OpaqueLinear
 
-    if any(isinstance(m, PackedLinear) for m in model.modules()):
+    head = model.get_output_embeddings()
+    if any(isinstance(m, OpaqueLinear) and m is not head for m in model.modules()):
         return False
 
     compiled.set_step(model, "decode", torch.compile(model.forward, dynamic=True))  # transformers' path

@@ -27,7 +27,8 @@ from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+
+from .opaque_linear import OpaqueLinear
 
 MIN_ROWS = 4
 PACKABLE = (torch.float32, torch.bfloat16)
@@ -77,20 +78,16 @@ def available(dtype: torch.dtype = torch.float32) -> bool:
     return bool(torch.allclose(y.float(), x.float() @ w.float().t(), rtol=tol, atol=tol))
 
 
-class PackedLinear(nn.Module):
+class PackedLinear(OpaqueLinear):
     """An inference-only nn.Linear whose float32 or bfloat16 weight lives in oneDNN's layout. Moved or cast by
     `.to()`, `.half()` and the like to another dtype or device, it holds a plain weight and computes as
     nn.Linear."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, keep_transposed: bool = False):
         """keep_transposed: also hold the weight as a plain [in, out] tensor, for products of fewer than
-        MIN_ROWS rows (pack_model: a head tied to the embedding, whose table needs a plain copy anyway)."""
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        with torch.no_grad():
-            self._set_weight(weight.detach())
-            self.transposed = weight.detach().t().contiguous() if keep_transposed else None
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
+        MIN_ROWS rows (relayout.py: a head tied to the embedding, whose table needs a plain copy anyway)."""
+        super().__init__(weight, bias)
+        self.transposed = weight.detach().t().contiguous() if keep_transposed else None
 
     def _set_weight(self, w: torch.Tensor) -> None:
         if w.device.type == "cpu" and available(w.dtype):
@@ -122,39 +119,17 @@ class PackedLinear(nn.Module):
         w = self.plain if self.plain is not None else self.packed
         return w.numel() * w.element_size()
 
-    def _apply(self, fn, recurse=True):
-        # .to(), .half(), .cuda() reach parameters and buffers only: the weight is not one, so it is converted
-        # here, through its plain form
-        weight = fn(self.weight)
-        super()._apply(fn, recurse)
-        with torch.no_grad():
-            self._set_weight(weight.detach())
-            if self.transposed is not None:
-                self.transposed = fn(self.transposed)
-        return self
+    @property
+    def layout(self) -> str:
+        return "oneDNN layout" if self.packed is not None else "plain"
 
-    def _save_to_state_dict(self, destination, prefix, keep_vars):
-        # the opaque tensor is no state a checkpoint can hold: save the plain weight, as nn.Linear would
-        super()._save_to_state_dict(destination, prefix, keep_vars)
-        destination[prefix + "weight"] = self.weight
+    def _apply_extra(self, fn) -> None:
+        if self.transposed is not None:
+            self.transposed = fn(self.transposed)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs):
-        key = prefix + "weight"
-        if key not in state_dict:
-            missing_keys.append(key)
-        else:
-            w = state_dict.pop(key)  # load_state_dict hands each module a copy of the caller's dict
-            if tuple(w.shape) != (self.out_features, self.in_features):
-                error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(w.shape)}, the "
-                                  f"shape in current model is {(self.out_features, self.in_features)}.")
-            else:
-                with torch.no_grad():
-                    self._set_weight(w.detach().to(self.weight.dtype).clone())
-                    if self.transposed is not None:
-                        self.transposed.copy_(w.t())
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
+    def _loaded(self, w: torch.Tensor) -> None:
+        if self.transposed is not None:
+            self.transposed.copy_(w.t())
 
     def __getstate__(self):  # pickling (torch.save of a whole model): the plain weight, repacked on load
         state = self.__dict__.copy()
@@ -177,34 +152,3 @@ class PackedLinear(nn.Module):
         # opaque tensors have no storage for deepcopy to copy
         new.packed = self.packed.clone() if self.packed is not None else None
         return new
-
-    def extra_repr(self) -> str:
-        layout = "oneDNN layout" if self.packed is not None else "plain"
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, " \
-               f"{layout}"
-
-
-def pack_model(model: nn.Module) -> int:
-    """Swap every float32 (and, on CPUs with bf16 instructions, bfloat16) CPU nn.Linear of `model` (a float
-    model only the runtime uses) for a PackedLinear; returns how many were swapped: 0 where this torch build
-    lacks oneDNN, and 0 for a quantised checkpoint, where
-    the few Linears left in float (a head, ignored layers) would cost the whole model its --compile
-    (build.compile_decode) and pad each step to 4 rows (llama_step.py) for little."""
-    from ..nn import QuantLinear
-    from ..nn_fp8 import FP8Linear
-
-    if any(isinstance(m, (QuantLinear, FP8Linear)) for m in model.modules()):
-        return 0
-    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    swapped = 0
-    for name, mod in list(model.named_modules()):
-        if type(mod) is nn.Linear and mod.weight.device.type == "cpu" and available(mod.weight.dtype):
-            # MKL's one-row product over a plain transposed copy beats oneDNN's in float32 only (bf16: 10 ms)
-            tied = emb is not None and getattr(emb, "weight", None) is mod.weight \
-                and mod.weight.dtype == torch.float32
-            packed = PackedLinear(mod.weight, mod.bias, keep_transposed=tied)
-            if tied:  # the embedding looks its rows up in the head's plain copy: one float table, not two
-                emb.weight = nn.Parameter(packed.transposed.t(), requires_grad=False)
-            model.set_submodule(name, packed)
-            swapped += 1
-    return swapped

@@ -13,7 +13,8 @@ import torch
 from ..errors import UserError
 from . import sampling
 from .kv_cache import crop_to, forward, new_decode_cache
-from .packed_linear import PackedLinear
+from .opaque_linear import OpaqueLinear
+from .relayout import float_linear
 
 
 def accept(p, q: torch.Tensor | None, draft: list[int], generator: torch.Generator | None,
@@ -156,17 +157,18 @@ def self_w4_draft(model, group_size: int = 128, packed: bool = False):
     head = draft.get_output_embeddings()
     with torch.no_grad():
         for name, mod in list(draft.named_modules()):
-            if type(mod) not in (torch.nn.Linear, PackedLinear) or mod is head:
+            if not (type(mod) is torch.nn.Linear or isinstance(mod, OpaqueLinear)) or mod is head:
                 continue
-            weight = mod.weight.detach()  # a PackedLinear rebuilds it: read it once
+            weight = mod.weight.detach()  # a re-laid-out Linear rebuilds it: read it once
             # The largest of group_size, /2, /4 dividing the width (SmolLM2's 576 takes 64), as quantize does.
             gs = next((g for g in (group_size, group_size // 2, group_size // 4) if g and mod.in_features % g == 0),
                       -1)
             qw = rtn_quantize(weight, get_scheme("w4a16").with_options(group_size=gs))
             if packed:
                 draft.set_submodule(name, _packed_w4(mod, qw, gs, weight.dtype))
-            elif type(mod) is PackedLinear:
-                draft.set_submodule(name, PackedLinear(qw.dequantize().to(weight.dtype), mod.bias))
+            elif isinstance(mod, OpaqueLinear):  # held as the runtime would hold these weights
+                deq = qw.dequantize().to(weight.dtype)
+                draft.set_submodule(name, float_linear(deq, mod.bias) or _plain_linear(deq, mod.bias))
             else:
                 mod.weight.data = qw.dequantize().to(weight.dtype)
     if packed:
@@ -174,6 +176,15 @@ def self_w4_draft(model, group_size: int = 128, packed: bool = False):
 
         use_half_head(draft)
     return draft
+
+
+def _plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Linear:
+    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
+    with torch.no_grad():
+        lin.weight.copy_(weight)
+        if bias is not None:
+            lin.bias.copy_(bias)
+    return lin.requires_grad_(False)
 
 
 def _packed_w4(linear: torch.nn.Module, qw, group_size: int, dtype: torch.dtype):

@@ -1,0 +1,201 @@
+"""float16 weights with float32 products (runtime/half_weight_linear.py, FBGEMM) and the runtime's choice of layout
+per Linear (runtime/relayout.py): the same products, rows independent of their batch, nothing lost where the
+weights are float16 numbers, and the runtime's models decoding the same tokens through them."""
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import EngineRequests, NumberTokenizer, greedy_with_and_without_lookup, hf_greedy, make_tiny_model, \
+    rel_err
+from quantkit.runtime import build
+from quantkit.runtime.engine import Engine
+from quantkit.runtime.generate import generate
+from quantkit.runtime.half_weight_linear import HalfWeightLinear, available, exact_in_float16
+from quantkit.runtime.packed_linear import PackedLinear
+from quantkit.runtime.relayout import float_linear, relayout_model
+from quantkit.runtime.sampling import SamplingParams
+from quantkit.runtime.speculative import self_w4_draft
+from quantkit.runtime.tiny import single_thread, tiny_llama
+
+pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no FBGEMM (x86 only)")
+
+
+def _half_values(*shape: int, seed: int) -> torch.Tensor:
+    """float32 values that are float16 numbers, as a float16 checkpoint loaded in float32 holds."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).half().float()
+
+
+def _half_model(seed: int, tied: bool = False) -> nn.Module:
+    """A tiny float32 Llama whose every weight is a float16 number."""
+    model = tiny_llama(vocab_size=256, hidden=64, layers=2, seed=seed, init_std=0.1, dtype=torch.float16).float()
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model
+
+
+def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        chunk = torch.randint(1, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
+        out.append(chunk + [9] + chunk[:3])  # a repeat, so prompt lookup drafts
+    return out
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 13, 32])
+def test_product_matches_float64_reference(rows, bias):
+    w, b = _half_values(96, 200, seed=rows), (_half_values(96, seed=50) if bias else None)
+    lin = HalfWeightLinear(w, b)
+    x = torch.randn(rows, 200, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        got = lin(x)
+    want = x.double() @ w.double().t() + (b.double() if bias else 0)
+    # the weights are float16 numbers, so held in float16 they are exact; what is left is float32 summation
+    # of 200 N(0,1) products (~1e-7 relative per add): 1e-5 of the output scale (~14) allows any order, while
+    # a weight rounded somewhere to bf16 (~4e-3) or a wrong row or bias is far outside it
+    assert (got.double() - want).abs().max() < 1e-5 * want.abs().max()
+    assert got.shape == (rows, 96) and got.dtype == torch.float32
+
+
+def test_rows_do_not_depend_on_the_rest_of_the_batch():
+    """A verify forward (k+1 rows) and a step shared by many requests must give each row the numbers it gets
+    alone, or speculation and batching could change greedy output."""
+    lin = HalfWeightLinear(_half_values(960, 576, seed=3), None)
+    x = torch.randn(40, 576, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        full = lin(x)
+        for r in range(40):
+            assert torch.equal(lin(x[r: r + 1]), full[r: r + 1])
+        for n in (2, 3, 4, 7, 13, 16, 33):
+            assert torch.equal(lin(x[:n]), full[:n])
+        assert torch.equal(lin(x.view(8, 5, 576)).view(40, 960), full)  # leading dims are rows too
+        assert torch.equal(lin(x.t().contiguous().t()), full)  # a non-contiguous input
+
+
+def test_float16_weights_give_float16_outputs_and_other_dtypes_stay_plain():
+    w = _half_values(48, 64, seed=4)
+    lin16 = HalfWeightLinear(w.half(), None)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)).half()
+    with torch.no_grad():
+        y = lin16(x)
+    assert y.dtype == torch.float16 and lin16.packed is not None
+    # a float32 product rounded once to float16: within half a float16 step of the float64 product
+    ref = x.double() @ w.double().t()
+    assert ((y.double() - ref).abs() <= ref.abs() * 2 ** -11 + 1e-6).all()
+    bf = HalfWeightLinear(w.bfloat16(), None)  # FBGEMM holds float32/float16 only: bf16 stays plain
+    assert bf.packed is None and bf(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_weight_state_dict_deepcopy_to_and_pickling():
+    w, b = _half_values(64, 48, seed=5), _half_values(64, seed=6)
+    lin = HalfWeightLinear(w, b)
+    assert torch.equal(lin.weight, w) and lin.weight.dtype == torch.float32 and lin.nbytes == 64 * 48 * 2
+    x = torch.randn(3, 48, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        y = lin(x)
+        twin = copy.deepcopy(lin)
+        assert torch.equal(twin(x), y) and twin.bias is not lin.bias
+        sd = lin.state_dict()
+        assert sd.keys() == {"weight", "bias"} and torch.equal(sd["weight"], w)
+        # new weights and a new bias: the bias is held with the weight too, so both must reach the product
+        w2, b2 = _half_values(64, 48, seed=7), _half_values(64, seed=8)
+        lin.load_state_dict({"weight": w2, "bias": b2})
+        assert rel_err(lin(x), x @ w2.t() + b2) < 1e-6
+        lin.bias.add_(1.0)  # an in-place update of the bias reaches the product
+        assert rel_err(lin(x), x @ w2.t() + b2 + 1) < 1e-6
+        assert torch.equal(twin(x), y)  # the copy is independent
+        buf = io.BytesIO()
+        torch.save(lin, buf)
+        buf.seek(0)
+        back = torch.load(buf, weights_only=False)
+        assert torch.equal(back(x), lin(x))
+        plain = copy.deepcopy(lin).to(torch.bfloat16)  # what FBGEMM cannot hold becomes a plain weight
+        assert plain.packed is None and torch.equal(plain.weight, w2.bfloat16())
+        assert torch.equal(copy.deepcopy(lin).half().weight, w2.half())
+
+
+def test_exactness_decides_the_layout():
+    exact = _half_values(32, 16, seed=9)
+    inexact = exact + 1e-6  # float32 bits below float16's precision
+    assert exact_in_float16(exact) and not exact_in_float16(inexact)
+    assert not exact_in_float16(torch.full((2, 2), 70000.0))  # beyond float16's range
+    assert isinstance(float_linear(exact, None), HalfWeightLinear)
+    assert isinstance(float_linear(inexact, None), (PackedLinear, type(None)))  # oneDNN where torch has it
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_half_model_decodes_transformers_tokens(tied):
+    """Every Linear of a float16-valued float32 model holds float16 weights (the head too, the tied embedding
+    keeping its float32 table); greedy output, with and without prompt lookup, equals transformers' generate on
+    the model as it was."""
+    model = _half_model(seed=5, tied=tied)
+    reference = copy.deepcopy(model)
+    assert relayout_model(model) == 2 * 7 + 1
+    assert sum(isinstance(m, HalfWeightLinear) for m in model.modules()) == 2 * 7 + 1
+    assert isinstance(model.lm_head, HalfWeightLinear)
+    emb = model.model.embed_tokens.weight
+    assert emb.dtype == torch.float32 and torch.equal(emb, reference.model.embed_tokens.weight)
+    ids = torch.tensor([_prompts(1, 256, seed=1)[0]])
+    with torch.no_grad():
+        # the same float32 products in another summation order: ~1e-6 relative through two layers
+        assert rel_err(model(ids).logits, reference(ids).logits) < 1e-5
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    with single_thread():
+        spec_steps = greedy_with_and_without_lookup(model, _prompts(20, 256, seed=2), params,
+                                                    want=lambda p: hf_greedy(reference, p, 12))
+    assert spec_steps > 0
+
+
+def test_concurrent_requests_get_their_answers_alone():
+    model = _half_model(seed=8)
+    relayout_model(model)
+    prompts = _prompts(6, 256, seed=4)
+    engine = Engine(model, NumberTokenizer(), max_active=8)
+    run = EngineRequests(engine)
+    with single_thread():
+        run.submit_together(prompts, 10)
+        run.wait()
+        engine.close()
+        for ids, req in zip(prompts, run.reqs):
+            assert req.seq.output_ids() == generate(model, ids, SamplingParams(max_tokens=10, ignore_eos=True)).output_ids()
+
+
+def test_runtime_loader_holds_a_float16_checkpoint_in_float16(tmp_path):
+    """A float16 checkpoint loaded at the runtime's float32 default (and at --dtype float16) reads its weights
+    as float16; a float32 checkpoint of arbitrary values keeps float32 (oneDNN's layout), and --compile stays
+    eager for both."""
+    f16 = build.load_model(str(make_tiny_model(tmp_path / "f16", dtype=torch.float16, seed=1)))
+    assert f16.dtype == torch.float32
+    assert isinstance(f16.model.layers[0].mlp.up_proj, HalfWeightLinear)
+    assert isinstance(f16.get_output_embeddings(), HalfWeightLinear)
+    assert not build.compile_decode(f16)
+    half = build.load_model(str(make_tiny_model(tmp_path / "f16b", dtype=torch.float16, seed=1)), torch.float16)
+    assert isinstance(half.model.layers[0].self_attn.q_proj, HalfWeightLinear)
+    with torch.no_grad():
+        assert half(torch.tensor([[3, 4, 5]])).logits.dtype == torch.float16
+    f32 = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=1)))
+    assert not any(isinstance(m, HalfWeightLinear) for m in f32.modules())
+
+
+def test_self_w4_draft_of_a_half_model_equals_the_unpacked_one():
+    model = _half_model(seed=6)
+    half_model = copy.deepcopy(model)
+    relayout_model(half_model)
+    ids = torch.tensor([_prompts(1, 256, seed=3)[0]])
+    for packed in (False, True):
+        a = self_w4_draft(model, group_size=32, packed=packed)
+        b = self_w4_draft(half_model, group_size=32, packed=packed)
+        with torch.no_grad():
+            # the same W4 codes, read the same: only summation order differs
+            assert rel_err(b(ids).logits, a(ids).logits) < 1e-4
+        if not packed:  # the dequantised values are not all float16 numbers: none may be rounded to one
+            mods = dict(a.named_modules())
+            for name, m in b.named_modules():
+                if name.endswith("_proj"):
+                    assert torch.equal(m.weight, mods[name].weight), name
