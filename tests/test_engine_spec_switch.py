@@ -45,8 +45,12 @@ def test_speculation_stops_above_the_limit_and_output_is_unchanged(limit, specul
 
 
 def test_default_limit_depends_on_the_model_kind(tmp_path, cli):
-    """Measured in bench/spec_batch.py: speculation pays up to ~8 requests for a float model, 2 for a W4
-    checkpoint on a CPU; the engine picks by what the model holds unless told."""
+    """Measured in bench/spec_batch.py: speculation pays up to ~8 requests for a float model in oneDNN's float32
+    layout, 3 with float16-held weights, 2 for a W4 checkpoint on a CPU; the engine picks by what the model holds
+    unless told."""
+    from quantkit.runtime import half_weight_linear
+    from quantkit.runtime.relayout import relayout_model
+
     import quantkit
     from helpers import make_tiny_model
 
@@ -55,10 +59,12 @@ def test_default_limit_depends_on_the_model_kind(tmp_path, cli):
     out = tmp_path / "w4"
     assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
     w4 = quantkit.load(out, dtype=torch.float32, cpu_fast=True)
+    half_model = tiny_llama(vocab_size=64, seed=3, dtype=torch.float16).float()
+    relayout_model(half_model)  # every weight a float16 number: held in float16 where FBGEMM is
     engines = [Engine(float_model, NumberTokenizer()), Engine(w4, NumberTokenizer()),
-               Engine(w4, NumberTokenizer(), spec_max_batch=5)]
+               Engine(w4, NumberTokenizer(), spec_max_batch=5), Engine(half_model, NumberTokenizer())]
     try:
-        assert [e.spec_max_batch for e in engines] == [8, 2, 5]
+        assert [e.spec_max_batch for e in engines] == [8, 2, 5, 3 if half_weight_linear.available() else 8]
     finally:
         for e in engines:
             e.close()

@@ -52,3 +52,85 @@ def test_rejected_drafts_stop_being_proposed_and_output_is_unchanged():
     assert seq.metrics.accepted == 0
     # without the governor every one of the ~60 steps would carry a 4-token draft
     assert drafter.calls < 15 and seq.metrics.target_forwards >= 60
+
+
+def test_governor_pauses_drafting_that_is_slower_per_token_than_plain_steps():
+    g = SpeculationGovernor(first_pause=2, max_pause=8, probe_after=2, refresh=32)
+    pattern = []
+    for _ in range(60):
+        if g.allow():
+            pattern.append("d")
+            g.update(4, 4, seconds=1.0)  # 5 tokens in 1 s: 0.2 s a token
+        else:
+            pattern.append("p")
+            g.plain_step(0.1)  # 0.1 s a token
+    # two drafting steps, a timed plain probe, then pauses of 2, 4, 8, 8, ... between single drafting steps
+    assert "".join(pattern).startswith("ddp")
+    assert pattern.count("d") <= 10
+
+
+def test_governor_keeps_drafting_that_is_faster_and_refreshes_the_plain_time():
+    g = SpeculationGovernor(probe_after=2, refresh=8)
+    plain = 0
+    for _ in range(60):
+        if g.allow():
+            g.update(4, 4, seconds=0.3)  # 0.06 s a token against 0.1 plain
+        else:
+            plain += 1
+            g.plain_step(0.1)
+    assert 1 <= plain <= 8  # the first probe, then one every 8 drafting steps
+    assert g.spec_spt < g.plain_spt
+
+
+class _Clock:
+    """A fake clock for the decode loop: each reading moves it on by `tick`; a drafter may add its own cost."""
+
+    def __init__(self, tick: float):
+        self.t, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.t += self.tick
+        return self.t
+
+
+class ExactDrafter:
+    """Proposes exactly the target's greedy continuation (so every draft is accepted), at a set cost in time."""
+
+    def __init__(self, model, clock: _Clock, cost: float):
+        self.model, self.clock, self.cost, self.calls = model, clock, cost, 0
+
+    def propose(self, ids, k, params, generator):
+        self.calls += 1
+        self.clock.t += self.cost
+        out, cur = [], ids
+        with torch.no_grad():
+            for _ in range(k):
+                nxt = int(self.model(cur.unsqueeze(0)).logits[0, -1].argmax())
+                out.append(nxt)
+                cur = torch.cat([cur, torch.tensor([nxt])])
+        return out, None
+
+    def rollback(self, valid_len):
+        pass
+
+
+def test_accepted_but_costly_drafts_are_paused_and_cheap_ones_are_not(monkeypatch):
+    """Every draft is accepted either way; only its (fake) cost differs. A draft that costs more than the tokens
+    it saves is mostly skipped; a cheap one drafts nearly every step. The output never changes."""
+    from quantkit.runtime import generate as gen
+
+    model = tiny_llama(vocab_size=256, seed=12)
+    prompt = list(range(5, 25))
+    params = SamplingParams(max_tokens=80, ignore_eos=True)
+    plain = generate(model, prompt, params).output_ids()
+    calls = {}
+    for cost in (2.0, 0.0):  # per draft, against 0.1 s of clock per step (two readings of 0.05)
+        clock = _Clock(0.05)
+        monkeypatch.setattr(gen, "clock", clock)
+        drafter = ExactDrafter(model, clock, cost)
+        seq = generate(model, prompt, params, drafter=drafter, num_speculative_tokens=4)
+        assert seq.output_ids() == plain
+        assert seq.metrics.acceptance_rate == 1.0
+        calls[cost] = drafter.calls
+    assert calls[2.0] <= 8  # ~20 steps would have drafted without the timing
+    assert calls[0.0] >= 14

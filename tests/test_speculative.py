@@ -35,7 +35,9 @@ def test_greedy_with_speculation_equals_without_on_50_prompts(model):
         plain = generate(model, prompt, SamplingParams(max_tokens=12)).output_ids()
         # Alternate the draft source so both are covered without doubling the test's time.
         drafter = PromptLookupDrafter(3) if i % 2 else ModelDrafter(draft)
-        seq = Sequence(model, prompt, SamplingParams(max_tokens=12), drafter=drafter, num_speculative_tokens=4)
+        # cost_aware off: every step that can draft does (a same-size draft is slower than plain decoding on a CPU)
+        seq = Sequence(model, prompt, SamplingParams(max_tokens=12), drafter=drafter, num_speculative_tokens=4,
+                       cost_aware=False)
         while not seq.done:
             seq.step()
             if not seq.done:  # both caches rolled back to the context minus the pending last token
@@ -53,9 +55,11 @@ def test_greedy_with_speculation_equals_without_on_50_prompts(model):
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_identical_draft_accepts_everything(model, temperature):
     k = 4
-    # 1 prefill token + 5 full verify steps of k+1: every step drafts the full k.
+    # 1 prefill token + 5 full verify steps of k+1: every step drafts the full k (the rule alone: no timed
+    # pauses, which a same-size draft on a CPU would earn and which tests/test_spec_governor.py covers)
     params = SamplingParams(max_tokens=1 + 5 * (k + 1), temperature=temperature, seed=5)
-    seq = generate(model, [4, 8, 15, 16, 23, 42], params, drafter=ModelDrafter(model), num_speculative_tokens=k)
+    seq = generate(model, [4, 8, 15, 16, 23, 42], params, drafter=ModelDrafter(model), num_speculative_tokens=k,
+                   cost_aware=False)
     m = seq.metrics
     assert m.acceptance_rate == 1.0 and m.mean_accepted_length == k + 1
     assert m.target_forwards == 6 and m.output_tokens == 26

@@ -18,7 +18,7 @@ def serve_cmd(
     draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, or 'self-w4'"),
     prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by prompt lookup: match the last N down to 2 tokens (N=1: single tokens)"),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
-    spec_max_batch: Optional[int] = typer.Option(None, "--spec-max-batch", help="speculate only while at most this many requests are active (default: 8 for float models, 2 for int4/int8 checkpoints on a CPU, where it was measured to stop paying)"),
+    spec_max_batch: Optional[int] = typer.Option(None, "--spec-max-batch", help="speculate only while at most this many requests are active (default: 8 for float32 models, 3 for float16 checkpoints, 2 for int4/int8 checkpoints on a CPU, where it was measured to stop paying)"),
     max_batch: int = typer.Option(64, "--max-batch", help="requests decoded at the same time"),
     max_queue: int = typer.Option(256, "--max-queue", help="requests waiting beyond --max-batch before 429"),
     max_tokens_limit: Optional[int] = typer.Option(None, "--max-tokens-limit", help="largest max_tokens a request may ask (default: the context)"),

@@ -37,13 +37,21 @@ class Request:
 
 
 def default_spec_max_batch(model) -> int:
-    """Up to how many active requests speculation pays, by model kind (bench/spec_batch.py, prompt lookup on code
-    edits, one CPU thread, docs/benchmarks.md): float models up to about 8; int4/int8 checkpoints on a CPU only up
-    to 2 (0.86-0.94x from 3 on), where torch's packed int4 products and the float16 head cost more per extra row."""
+    """Up to how many active requests speculation pays, by how the model's products run (bench/spec_batch.py,
+    prompt lookup on code edits, one CPU thread, docs/benchmarks.md). Float models in oneDNN's float32 layout: up
+    to about 8, since its products cost nearly the same for 1 to 5 rows. Float16-held weights (FBGEMM, a float16
+    checkpoint): up to 3 (1.28x at 2, 1.08x at 3, 0.97-1.02x at 4), since one row reads half the bytes while each
+    extra row costs about as much as in float32. int4/int8 checkpoints on a CPU: up to 2 (0.89-0.96x from 3),
+    where torch's packed int4 products cost more per extra row."""
     from ..nn import QuantLinear
+    from .half_weight_linear import HalfWeightLinear
 
-    quantised_cpu = any(isinstance(m, QuantLinear) and m.weight_packed.device.type == "cpu" for m in model.modules())
-    return 2 if quantised_cpu else 8
+    if any(isinstance(m, QuantLinear) and m.weight_packed.device.type == "cpu" for m in model.modules()):
+        return 2
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if any(isinstance(m, HalfWeightLinear) and m is not head for m in model.modules()):
+        return 3
+    return 8
 
 
 class Engine:

@@ -6,6 +6,7 @@ calls `step()` on each active sequence in turn; `generate()` simply loops it for
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,8 @@ from .sampling import SamplingParams
 from .spec_governor import SpeculationGovernor
 from .speculative import accept as speculative_accept
 from .text import Detokenizer
+
+clock = time.perf_counter  # step timing for the speculation governor (tests replace it)
 
 
 @dataclass
@@ -47,7 +50,10 @@ def eos_ids(model, tokenizer=None) -> set[int]:
 class Sequence:
     def __init__(self, model, prompt_ids: list[int], params: SamplingParams, *, drafter=None,
                  num_speculative_tokens: int = 4, tokenizer=None, eos: set[int] | None = None,
-                 kv_cache: str = "auto"):
+                 kv_cache: str = "auto", cost_aware: bool = True):
+        """cost_aware: the governor also times steps and pauses drafting while drafting steps emit tokens more
+        slowly than plain ones (spec_governor.py); off, it pauses only on rejected drafts, so every step that
+        can draft does (what a test of the acceptance rule wants)."""
         if not prompt_ids:
             raise UserError("the prompt is empty; give at least one token of text")
         limit = context_limit(model)
@@ -62,8 +68,10 @@ class Sequence:
         self.cache = new_decode_cache(model, kv_cache)
         self._draft: list[int] = []
         self._q = None
+        self._t0: float | None = None
         self.drafter = drafter
         self.governor = SpeculationGovernor()
+        self.cost_aware = cost_aware
         self.k = num_speculative_tokens
         self.gen = None if params.greedy else params.make_generator()
         self.eos = set() if params.ignore_eos else (eos if eos is not None else eos_ids(model, tokenizer))
@@ -93,7 +101,10 @@ class Sequence:
         """The ids the next target forward feeds: the whole prompt first, then the last token plus any draft.
         Call `finish(rows)` with that forward's logits (every row; only the last is used for the prefill)."""
         self._draft, self._q = [], None
+        # the step's wall time, from drafting to the last accepted token, for the governor
+        self._t0 = clock() if self.cost_aware else None
         if not self.prefilled:
+            self._t0 = None
             return self.ids
         k = min(self.k, self.max_tokens - self.n_generated - 1)
         if speculate and self.drafter is not None and k > 0 and self.governor.allow():
@@ -107,7 +118,10 @@ class Sequence:
         draft = self._draft
         if not draft:
             logits = rows.all()
-            return self._emit([self._choose(logits[-1])], logits, [False])
+            out = self._emit([self._choose(logits[-1])], logits, [False])
+            if self._t0 is not None and self.drafter is not None:
+                self.governor.plain_step(clock() - self._t0)
+            return out
         n_ctx = self.ids.shape[0]
         n, extra = speculative_accept(lambda i: sampling.probs(rows.upto(i + 1)[i], self.params), self._q, draft,
                                       self.gen, self.params.greedy)
@@ -115,7 +129,7 @@ class Sequence:
         # The cache now holds every fed token; keep the context (minus the pending last) plus accepted drafts.
         crop_to(self.cache, n_ctx + n)
         self.drafter.rollback(n_ctx + n)
-        self.governor.update(n, len(draft))
+        self.governor.update(n, len(draft), None if self._t0 is None else clock() - self._t0)
         self.metrics.spec_steps += 1
         self.metrics.drafted += len(draft)
         self.metrics.accepted += n
@@ -171,10 +185,11 @@ class Sequence:
 
 @torch.inference_mode()
 def generate(model, prompt_ids: list[int], params: SamplingParams, *, drafter=None, num_speculative_tokens: int = 4,
-             tokenizer=None, eos: set[int] | None = None, speculate: bool = True, kv_cache: str = "auto") -> Sequence:
+             tokenizer=None, eos: set[int] | None = None, speculate: bool = True, kv_cache: str = "auto",
+             cost_aware: bool = True) -> Sequence:
     """Decode one prompt to completion; returns the finished Sequence (ids, text, tokens, metrics)."""
     seq = Sequence(model, prompt_ids, params, drafter=drafter, num_speculative_tokens=num_speculative_tokens,
-                   tokenizer=tokenizer, eos=eos, kv_cache=kv_cache)
+                   tokenizer=tokenizer, eos=eos, kv_cache=kv_cache, cost_aware=cost_aware)
     while not seq.done:
         seq.step(speculate=speculate)
     return seq
