@@ -1,6 +1,8 @@
 """Shared bench helpers: prompt sets, model loading, timing."""
 from __future__ import annotations
 
+import contextlib
+
 import json
 import time
 from pathlib import Path
@@ -108,3 +110,17 @@ def decode_hf(model, prompts, n, **kw):
         dec_secs += secs - pre
         outs.append(new)
     return dec_toks / dec_secs, toks / total, None, outs
+
+
+@contextlib.contextmanager
+def half_weights(allowed: bool):
+    """Load with or without FBGEMM's float16 weights (relayout.py asks half_weight_linear.available)."""
+    from quantkit.runtime import half_weight_linear
+
+    real = half_weight_linear.available
+    if not allowed:
+        half_weight_linear.available = lambda: False
+    try:
+        yield
+    finally:
+        half_weight_linear.available = real

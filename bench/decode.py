@@ -11,7 +11,6 @@ its plain generate, what a user without quantkit runs; "transformers, our module
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -20,23 +19,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from common import copy_bandwidth, decode_hf, decode_ours, prompt_ids, read_bandwidth, weight_bytes_per_token  # noqa: E402
+from common import (copy_bandwidth, decode_hf, decode_ours, half_weights, prompt_ids, read_bandwidth,  # noqa: E402
+                    weight_bytes_per_token)
 from quantkit.runtime import build  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
-
-
-@contextlib.contextmanager
-def half_weights(allowed: bool):
-    """Load with or without FBGEMM's float16 weights (relayout.py asks half_weight_linear.available)."""
-    from quantkit.runtime import half_weight_linear
-
-    real = half_weight_linear.available
-    if not allowed:
-        half_weight_linear.available = lambda: False
-    try:
-        yield
-    finally:
-        half_weight_linear.available = real
 
 
 def ours(model, prompts, n):

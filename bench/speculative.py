@@ -6,7 +6,8 @@ Rows: no speculation; prompt lookup; self-w4 draft (the target's own W4 RTN weig
 `--draft self-w4` makes them: no second small model with this tokenizer exists here, so this is the draft model
 row); the W4 checkpoint as draft when --w4 is given; transformers' generate plain, with prompt_lookup_num_tokens and with
 assistant_model (the same self-w4 copy) as the reference, run on the model as transformers itself loads it (our
-runtime's copy has oneDNN-laid Linears, which would speed transformers up too). Greedy, so every row produces the
+runtime's copy has re-laid-out Linears, which would speed transformers up too). The target holds the float16
+checkpoint's weights in float16 (FBGEMM) unless --float32-weights. Greedy, so every row produces the
 same text.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from common import SETS, decode_hf, decode_ours, prompt_ids  # noqa: E402
+from common import SETS, decode_hf, decode_ours, half_weights, prompt_ids  # noqa: E402
 from quantkit.runtime import build  # noqa: E402
 from quantkit.runtime.generate import eos_ids  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
@@ -41,6 +42,9 @@ def main():
     ap.add_argument("--repeat", type=int, default=1,
                     help="rounds over all methods in turn; the median round is shown, with the range")
     ap.add_argument("--ours-only", action="store_true", help="leave out transformers' rows")
+    ap.add_argument("--float32-weights", action="store_true",
+                    help="hold the target's weights in float32 (oneDNN's layout) instead of float16 (FBGEMM): the "
+                         "runtime's layout for float32 checkpoints, and for float16 ones before FBGEMM")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="dtype of the target (and of transformers' reference model)")
     a = ap.parse_args()
@@ -48,7 +52,8 @@ def main():
         torch.set_num_threads(a.threads)
     tok = build.load_tokenizer("embedded")
     dtype = build.parse_dtype(a.dtype)
-    model = build.load_model("embedded", dtype)
+    with half_weights(not a.float32_weights):
+        model = build.load_model("embedded", dtype)
     eos = eos_ids(model, tok)
     draft = self_w4_draft(model, packed=True)
     from transformers import AutoModelForCausalLM

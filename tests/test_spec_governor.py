@@ -55,18 +55,21 @@ def test_rejected_drafts_stop_being_proposed_and_output_is_unchanged():
 
 
 def test_governor_pauses_drafting_that_is_slower_per_token_than_plain_steps():
-    g = SpeculationGovernor(first_pause=2, max_pause=8, probe_after=2, refresh=32)
+    g = SpeculationGovernor(first_pause=2, max_pause=8, probe_after=2, refresh=32, overhead=0.05,
+                            max_timed_pause=40)
     pattern = []
-    for _ in range(60):
+    for _ in range(100):
         if g.allow():
             pattern.append("d")
-            g.update(4, 4, seconds=1.0)  # 5 tokens in 1 s: 0.2 s a token
+            g.update(4, 4, seconds=1.0, draft_seconds=0.6)  # 5 tokens in 1 s: 0.2 s a token
         else:
             pattern.append("p")
             g.plain_step(0.1)  # 0.1 s a token
-    # two drafting steps, a timed plain probe, then pauses of 2, 4, 8, 8, ... between single drafting steps
-    assert "".join(pattern).startswith("ddp")
-    assert pattern.count("d") <= 10
+    # two drafting steps, a timed plain probe, one more drafting step now judged against it, then pauses long
+    # enough that each retry costs at most 5% of the time between: a drafting step costs 0.5 s more than plain
+    # steps would for its 5 tokens, worth 100 plain steps of 5% (capped here at 40)
+    text = "".join(pattern)
+    assert text.startswith("ddpd" + "p" * 40 + "d" + "p" * 40 + "d")
 
 
 def test_governor_keeps_drafting_that_is_faster_and_refreshes_the_plain_time():
@@ -74,12 +77,26 @@ def test_governor_keeps_drafting_that_is_faster_and_refreshes_the_plain_time():
     plain = 0
     for _ in range(60):
         if g.allow():
-            g.update(4, 4, seconds=0.3)  # 0.06 s a token against 0.1 plain
+            g.update(4, 4, seconds=0.3, draft_seconds=0.1)  # 0.06 s a token against 0.1 plain
         else:
             plain += 1
             g.plain_step(0.1)
     assert 1 <= plain <= 8  # the first probe, then one every 8 drafting steps
     assert g.spec_spt < g.plain_spt
+
+
+def test_governor_does_not_probe_a_free_drafter_but_uses_its_plain_steps():
+    """Prompt lookup drafts in no time: a forced plain step would only throw away a draft. Plain steps that
+    happen anyway (no match found) still time the comparison, which stops drafts that cost more than they
+    give back."""
+    g = SpeculationGovernor(probe_after=2, refresh=8)
+    for _ in range(40):
+        assert g.allow()  # never paused: fully accepted, free, and nothing to compare with
+        g.update(4, 4, seconds=0.3, draft_seconds=0.0)
+    assert g.plain_spt is None
+    g.plain_step(0.02)  # no match this step: a plain step of 0.02 s a token, against 0.06 drafting
+    g.update(1, 4, seconds=0.3, draft_seconds=0.0)
+    assert not g.allow()
 
 
 class _Clock:

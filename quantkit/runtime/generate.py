@@ -69,6 +69,7 @@ class Sequence:
         self._draft: list[int] = []
         self._q = None
         self._t0: float | None = None
+        self._draft_s = 0.0
         self.drafter = drafter
         self.governor = SpeculationGovernor()
         self.cost_aware = cost_aware
@@ -100,7 +101,7 @@ class Sequence:
     def plan(self, speculate: bool = True) -> torch.Tensor:
         """The ids the next target forward feeds: the whole prompt first, then the last token plus any draft.
         Call `finish(rows)` with that forward's logits (every row; only the last is used for the prefill)."""
-        self._draft, self._q = [], None
+        self._draft, self._q, self._draft_s = [], None, 0.0
         # the step's wall time, from drafting to the last accepted token, for the governor
         self._t0 = clock() if self.cost_aware else None
         if not self.prefilled:
@@ -109,6 +110,8 @@ class Sequence:
         k = min(self.k, self.max_tokens - self.n_generated - 1)
         if speculate and self.drafter is not None and k > 0 and self.governor.allow():
             self._draft, self._q = self.drafter.propose(self.ids, k, self.params, self.gen)
+            if self._t0 is not None:
+                self._draft_s = clock() - self._t0
         draft = self._draft
         return torch.cat([self.ids[-1:], torch.tensor(draft, dtype=torch.long)]) if draft else self.ids[-1:]
 
@@ -129,7 +132,7 @@ class Sequence:
         # The cache now holds every fed token; keep the context (minus the pending last) plus accepted drafts.
         crop_to(self.cache, n_ctx + n)
         self.drafter.rollback(n_ctx + n)
-        self.governor.update(n, len(draft), None if self._t0 is None else clock() - self._t0)
+        self.governor.update(n, len(draft), None if self._t0 is None else clock() - self._t0, self._draft_s)
         self.metrics.spec_steps += 1
         self.metrics.drafted += len(draft)
         self.metrics.accepted += n
