@@ -103,7 +103,7 @@ def test_weight_state_dict_deepcopy_to_and_pickling():
         assert torch.equal(twin(x), y) and twin.bias is not lin.bias
         sd = lin.state_dict()
         assert sd.keys() == {"weight", "bias"} and torch.equal(sd["weight"], w)
-        # new weights and a new bias: the bias is held with the weight too, so both must reach the product
+        # new weights and a new bias: both must reach the product
         w2, b2 = _half_values(64, 48, seed=7), _half_values(64, seed=8)
         lin.load_state_dict({"weight": w2, "bias": b2})
         assert rel_err(lin(x), x @ w2.t() + b2) < 1e-6
@@ -118,6 +118,25 @@ def test_weight_state_dict_deepcopy_to_and_pickling():
         plain = copy.deepcopy(lin).to(torch.bfloat16)  # what FBGEMM cannot hold becomes a plain weight
         assert plain.packed is None and torch.equal(plain.weight, w2.bfloat16())
         assert torch.equal(copy.deepcopy(lin).half().weight, w2.half())
+
+
+def test_nothing_is_rounded_unless_asked_and_the_callers_tensor_is_untouched():
+    w = _half_values(16, 8, seed=11)
+    w[0, 0] = float("inf")  # FBGEMM would saturate it to 65504
+    assert not exact_in_float16(w) and not exact_in_float16(w.half())
+    big = _half_values(16, 8, seed=12) * 1e5  # out of float16's range
+    kept = big.clone()
+    lossy = HalfWeightLinear(big, None, lossless=False)  # rounds (and saturates) on purpose, in its own copy
+    assert lossy.packed is not None and torch.equal(big, kept)
+    lin = HalfWeightLinear(_half_values(16, 8, seed=13), None)
+    assert lin.packed is not None
+    other = torch.randn(16, 8, generator=torch.Generator().manual_seed(14))  # not float16 numbers
+    lin.load_state_dict({"weight": other})
+    assert lin.packed is None and torch.equal(lin.weight, other)  # held plain: exact, not rounded
+    x = torch.randn(3, 8, generator=torch.Generator().manual_seed(15))
+    with torch.no_grad():
+        assert torch.equal(lin(x), x @ other.t())
+        assert rel_err(HalfWeightLinear(other, None, lossless=False)(x), x @ other.t()) > 1e-6  # rounded
 
 
 def test_exactness_decides_the_layout():
@@ -163,7 +182,8 @@ def test_concurrent_requests_get_their_answers_alone():
         run.wait()
         engine.close()
         for ids, req in zip(prompts, run.reqs):
-            assert req.seq.output_ids() == generate(model, ids, SamplingParams(max_tokens=10, ignore_eos=True)).output_ids()
+            alone = generate(model, ids, SamplingParams(max_tokens=10, ignore_eos=True)).output_ids()
+            assert req.seq.output_ids() == alone
 
 
 def test_runtime_loader_holds_a_float16_checkpoint_in_float16(tmp_path):

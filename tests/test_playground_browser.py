@@ -86,8 +86,9 @@ def models(tok):
 def server(models, tok):
     chain, served, base = models
     with single_thread():
-        main = Engine(served, tok, drafter_factory=lambda: PromptLookupDrafter(2))
-        other = Engine(base, tok, drafter_factory=lambda: PromptLookupDrafter(2))
+        # cost_aware off here and in _expected: which tokens get drafted must not depend on step timings
+        main = Engine(served, tok, drafter_factory=lambda: PromptLookupDrafter(2), cost_aware=False)
+        other = Engine(base, tok, drafter_factory=lambda: PromptLookupDrafter(2), cost_aware=False)
         app = create_app(main, "tiny-w4", max_tokens_limit=LIMIT)
         mount(app, main, "tiny-w4", compare=CompareModel(other, "tiny-base"), max_tokens_limit=LIMIT)
         port = _free_port()
@@ -147,7 +148,7 @@ def _tokens(page, col):
 def _expected(model, tok, chain):
     with single_thread():
         return generate(model, chain, SamplingParams(max_tokens=MAX_TOKENS), drafter=PromptLookupDrafter(2),
-                        tokenizer=tok)
+                        tokenizer=tok, cost_aware=False)
 
 
 def test_completion_compare_drafts_divergence_kl_and_escaping(browser, server, models, tok, tmp_path):

@@ -151,3 +151,49 @@ def test_accepted_but_costly_drafts_are_paused_and_cheap_ones_are_not(monkeypatc
         calls[cost] = drafter.calls
     assert calls[2.0] <= 8  # ~20 steps would have drafted without the timing
     assert calls[0.0] >= 14
+
+
+def test_in_the_engine_each_request_is_timed_on_its_own_work(monkeypatch):
+    """Requests share one forward per step; a request's step time must be its own draft plus the shared forward,
+    not the wall time from its plan() to its finish(), which would include the other requests' drafting and make
+    a plain step look as costly as a drafting one. Request A drafts alone for a few steps, then B joins; both
+    drafters cost far more than they save and must be paused in both requests (24 drafts for A when each
+    request was timed on the shared window)."""
+    import threading
+
+    from helpers import NumberTokenizer
+    from quantkit.runtime import generate as gen
+    from quantkit.runtime.engine import Engine
+
+    clock = _Clock(0.05)
+    monkeypatch.setattr(gen, "clock", clock)
+    model = tiny_llama(vocab_size=256, seed=12)
+    params = SamplingParams(max_tokens=120, ignore_eos=True)
+    drafters = []
+
+    def factory():
+        drafters.append(ExactDrafter(model, clock, 2.0))
+        return drafters[-1]
+
+    engine = Engine(model, NumberTokenizer(), drafter_factory=factory, spec_max_batch=8)
+    finished = threading.Semaphore(0)
+    b_started = threading.Event()
+
+    def on_b(kind, _data):
+        if kind in ("done", "error"):
+            finished.release()
+
+    def on_a(kind, data):
+        if kind == "tokens" and not b_started.is_set() and req_a.seq.n_generated >= 6:
+            b_started.set()
+            engine.submit(engine.new_sequence(list(range(30, 50)), params), on_b)
+        on_b(kind, data)
+
+    req_a = engine.submit(engine.new_sequence(list(range(5, 25)), params), on_a)
+    try:
+        assert finished.acquire(timeout=120) and finished.acquire(timeout=120)
+    finally:
+        engine.close()
+    assert b_started.is_set() and len(drafters) == 2
+    assert [d.calls for d in drafters] == [min(d.calls, 8) for d in drafters], [d.calls for d in drafters]
+    assert req_a.seq.governor.plain_spt < req_a.seq.governor.spec_spt

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from . import generate as decode_loop
 from .generate import Sequence
 from .kv_cache import crop_to, forward_many
 from .metrics import ServerMetrics
@@ -57,12 +58,13 @@ def default_spec_max_batch(model) -> int:
 class Engine:
     def __init__(self, model, tokenizer, *, drafter_factory=None, num_speculative_tokens: int = 4,
                  max_active: int = 64, max_queue: int = 256, spec_max_batch: int | None = None,
-                 keep_details: int = 256, kv_cache: str = "auto"):
+                 keep_details: int = 256, kv_cache: str = "auto", cost_aware: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.drafter_factory = drafter_factory
         self.k = num_speculative_tokens
         self.kv_cache = kv_cache
+        self.cost_aware = cost_aware  # Sequence(cost_aware=...): the governor also times steps
         self.max_active = max_active
         self.max_queue = max_queue
         self.spec_max_batch = default_spec_max_batch(model) if spec_max_batch is None else spec_max_batch
@@ -79,7 +81,7 @@ class Engine:
     def new_sequence(self, prompt_ids: list[int], params) -> Sequence:
         drafter = self.drafter_factory() if self.drafter_factory else None
         return Sequence(self.model, prompt_ids, params, drafter=drafter, num_speculative_tokens=self.k,
-                        tokenizer=self.tokenizer, kv_cache=self.kv_cache)
+                        tokenizer=self.tokenizer, kv_cache=self.kv_cache, cost_aware=self.cost_aware)
 
     def submit(self, seq: Sequence, on_event) -> Request:
         req = Request(seq, on_event)
@@ -143,12 +145,14 @@ class Engine:
                 self._fail(req, e)
         if not fed:
             return
+        t = decode_loop.clock()
         try:
             logits = forward_many(self.model, [(r.seq.cache, ids) for r, ids in fed])
+            forward_s = decode_loop.clock() - t
         except Exception:
             # find who it was: each request alone (a request whose forward ran before the failure has its
             # cache one step ahead, so roll every cache back to where this step began)
-            logits = []
+            logits, forward_s = [], None
             for req, ids in fed:
                 crop_to(req.seq.cache, req.seq.ids.shape[0] - 1)
                 try:
@@ -158,7 +162,7 @@ class Engine:
                     logits.append(None)
         for (req, _), lg in zip(fed, logits):
             if lg is not None:
-                self._deliver(req, lambda r=req, x=lg: r.seq.finish(x))
+                self._deliver(req, lambda r=req, x=lg: r.seq.finish(x, forward_s))
 
     def _deliver(self, req: Request, run) -> None:
         try:

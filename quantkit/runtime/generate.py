@@ -68,8 +68,8 @@ class Sequence:
         self.cache = new_decode_cache(model, kv_cache)
         self._draft: list[int] = []
         self._q = None
-        self._t0: float | None = None
         self._draft_s = 0.0
+        self._prefill_step = False
         self.drafter = drafter
         self.governor = SpeculationGovernor()
         self.cost_aware = cost_aware
@@ -100,30 +100,34 @@ class Sequence:
 
     def plan(self, speculate: bool = True) -> torch.Tensor:
         """The ids the next target forward feeds: the whole prompt first, then the last token plus any draft.
-        Call `finish(rows)` with that forward's logits (every row; only the last is used for the prefill)."""
+        Call `finish(rows, forward_s)` with that forward's logits (every row; only the last is used for the
+        prefill) and the seconds it took."""
         self._draft, self._q, self._draft_s = [], None, 0.0
-        # the step's wall time, from drafting to the last accepted token, for the governor
-        self._t0 = clock() if self.cost_aware else None
-        if not self.prefilled:
-            self._t0 = None
+        self._prefill_step = not self.prefilled
+        if self._prefill_step:
             return self.ids
         k = min(self.k, self.max_tokens - self.n_generated - 1)
         if speculate and self.drafter is not None and k > 0 and self.governor.allow():
+            t = clock()
             self._draft, self._q = self.drafter.propose(self.ids, k, self.params, self.gen)
-            if self._t0 is not None:
-                self._draft_s = clock() - self._t0
+            self._draft_s = clock() - t
         draft = self._draft
         return torch.cat([self.ids[-1:], torch.tensor(draft, dtype=torch.long)]) if draft else self.ids[-1:]
 
-    def finish(self, rows: Rows) -> list[TokenInfo]:
-        """rows: the forward's logits (kv_cache.forward_many), computed as far as acceptance needs them."""
+    def finish(self, rows: Rows, forward_s: float | None = None) -> list[TokenInfo]:
+        """rows: the forward's logits (kv_cache.forward_many), computed as far as acceptance needs them.
+        forward_s: the seconds that forward took (shared by all its rows when requests share a step). The
+        governor is given this sequence's own time, its draft plus the forward plus its acceptance, not the
+        wall time since plan(), which in a shared step would include the other requests' drafting."""
+        t = clock()
+        timed = self.cost_aware and forward_s is not None and self.drafter is not None
         self.metrics.target_forwards += 1
         draft = self._draft
         if not draft:
             logits = rows.all()
             out = self._emit([self._choose(logits[-1])], logits, [False])
-            if self._t0 is not None and self.drafter is not None:
-                self.governor.plain_step(clock() - self._t0)
+            if timed and not self._prefill_step:
+                self.governor.plain_step(forward_s + clock() - t)
             return out
         n_ctx = self.ids.shape[0]
         n, extra = speculative_accept(lambda i: sampling.probs(rows.upto(i + 1)[i], self.params), self._q, draft,
@@ -132,7 +136,8 @@ class Sequence:
         # The cache now holds every fed token; keep the context (minus the pending last) plus accepted drafts.
         crop_to(self.cache, n_ctx + n)
         self.drafter.rollback(n_ctx + n)
-        self.governor.update(n, len(draft), None if self._t0 is None else clock() - self._t0, self._draft_s)
+        seconds = self._draft_s + forward_s + clock() - t if timed else None
+        self.governor.update(n, len(draft), seconds, self._draft_s)
         self.metrics.spec_steps += 1
         self.metrics.drafted += len(draft)
         self.metrics.accepted += n
@@ -144,7 +149,9 @@ class Sequence:
             return []
         prefill = not self.prefilled
         feed = self.plan(speculate)
-        return self.finish(forward_many(self.model, [(self.cache, feed)], last_only=prefill)[0])
+        t = clock()
+        rows = forward_many(self.model, [(self.cache, feed)], last_only=prefill)[0]
+        return self.finish(rows, clock() - t)
 
     def _emit(self, new: list[int], logits: torch.Tensor, drafted: list[bool]) -> list[TokenInfo]:
         rows = logits[-len(new):].float().log_softmax(-1)

@@ -49,7 +49,7 @@ def use_half_head(model) -> bool:
     if w.device.type != "cpu" or w.dtype != torch.float32 or float(w.detach().abs().max()) > SAFE_ABSMAX:
         return False
     if half.available():
-        model.set_output_embeddings(half.HalfWeightLinear(w, head.bias))
+        model.set_output_embeddings(half.HalfWeightLinear(w, head.bias, lossless=False))
     else:
         model.set_output_embeddings(HalfHead(head))
     return True

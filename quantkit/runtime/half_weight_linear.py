@@ -44,23 +44,36 @@ def available() -> bool:
 
 
 def exact_in_float16(w: torch.Tensor) -> bool:
-    """Every value of w is a float16 number (finite, in range, no lost bits), so holding it in float16 loses
-    nothing."""
+    """Every value of w is a finite float16 number (in range, no lost bits), so holding it in float16 loses
+    nothing (FBGEMM saturates infinities to 65504, so they do not count)."""
+    if not bool(torch.isfinite(w).all()):
+        return False
     return w.dtype == torch.float16 or bool(torch.equal(w.to(torch.float16).to(w.dtype), w))
 
 
 class HalfWeightLinear(OpaqueLinear):
-    """An inference-only nn.Linear holding its weight (rounded to float16, so exact only for float16 values) in
-    FBGEMM's layout. Inputs of any float dtype are multiplied in float32 and the output is returned in the
-    weight's original dtype (float32, or float16 for a float16 model). Moved or cast to what FBGEMM cannot
-    hold (a GPU, bfloat16), it holds a plain weight and computes as nn.Linear."""
+    """An inference-only nn.Linear holding its weight in float16 in FBGEMM's layout. Inputs of any float dtype
+    are multiplied in float32 and the output is returned in the weight's original dtype (float32, or float16 for
+    a float16 model). Moved or cast to what FBGEMM cannot hold (a GPU, bfloat16), it holds a plain weight and
+    computes as nn.Linear.
+
+    lossless (relayout.py): only weights that are float16 numbers are held in float16; any other weight (one
+    loaded later through load_state_dict, say) is held plain, so no value is ever rounded. lossless=False
+    (half_head.py) rounds on purpose."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lossless: bool = True):
+        self.lossless = lossless  # read by _set_weight, which the base class calls
+        super().__init__(weight, bias)
 
     def _set_weight(self, w: torch.Tensor) -> None:
         self.dtype = w.dtype
-        if w.device.type == "cpu" and w.dtype in HOLDABLE and available():
+        holdable = w.device.type == "cpu" and w.dtype in HOLDABLE and available()
+        if holdable and (not self.lossless or exact_in_float16(w)):
             # the bias stays a parameter of its own, added after the product: a pack would hold a reference to
             # the tensor it was given, which in-place updates of the parameter (and copies of the pack) share
-            self.packed, self.plain = torch.ops.quantized.linear_prepack_fp16(w.float().contiguous(), None), None
+            # a copy: FBGEMM clamps out-of-range values in the tensor it is given, which may be the caller's
+            packed = torch.ops.quantized.linear_prepack_fp16(w.to(torch.float32, copy=True), None)
+            self.packed, self.plain = packed, None
         else:
             self.packed, self.plain = None, w
 

@@ -59,7 +59,7 @@ class SpeculationGovernor:
             return
         self.rate += self.smoothing * (accepted / drafted - self.rate)
         slower = False
-        if seconds is not None:
+        if seconds is not None and seconds > 0:
             self._spec = self._average(self._spec, seconds, accepted + 1)
             self._since_plain += 1
             share = draft_seconds / seconds if seconds > 0 else 0.0
@@ -83,6 +83,8 @@ class SpeculationGovernor:
 
     def plain_step(self, seconds: float) -> None:
         """A step that drafted nothing (paused, or the drafter had nothing to propose) took `seconds`."""
+        if seconds <= 0:  # a clock that did not move says nothing (and would divide by zero below)
+            return
         self._plain = self._average(self._plain, seconds, 1)
         self._since_plain = 0
 
