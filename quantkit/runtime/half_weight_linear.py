@@ -6,7 +6,7 @@ each weight then takes 4 bytes for what fits in 2. FBGEMM (in torch's x86 builds
 `torch.ops.quantized.linear_dynamic_fp16`) keeps the weight in float16 panels, widens it to float32 in
 registers and accumulates in float32, so a weight that is exactly a float16 number gives the float32 product up
 to summation order while half the bytes are read. On one core of this machine the embedded SmolLM2 decoded at
-36 tok/s this way against 20 tok/s with float32 weights in oneDNN's layout (docs/benchmarks.md).
+39-44 tok/s this way against 20-22 tok/s with float32 weights in oneDNN's layout (docs/benchmarks.md).
 It is also fast for several rows, where torch's own float16 product runs row by row: the 49152 x 576 head
 took 8 ms for 13 rows against 40 ms (F.linear in float16); and each output row depends only on its own input
 row, so rows computed together equal the same rows computed alone.
@@ -69,9 +69,9 @@ class HalfWeightLinear(OpaqueLinear):
         self.dtype = w.dtype
         holdable = w.device.type == "cpu" and w.dtype in HOLDABLE and available()
         if holdable and (not self.lossless or exact_in_float16(w)):
-            # the bias stays a parameter of its own, added after the product: a pack would hold a reference to
-            # the tensor it was given, which in-place updates of the parameter (and copies of the pack) share
-            # a copy: FBGEMM clamps out-of-range values in the tensor it is given, which may be the caller's
+            # The pack gets a copy, because FBGEMM clamps out-of-range values in the tensor it is given, which may
+            # be the caller's. The bias stays out of it, a parameter added after the product: a pack holds a
+            # reference to the bias tensor it was given, which in-place updates and copies of the pack would share.
             packed = torch.ops.quantized.linear_prepack_fp16(w.to(torch.float32, copy=True), None)
             self.packed, self.plain = packed, None
         else:
