@@ -263,12 +263,14 @@ def test_compare_base_is_compiled_with_the_served_model(folders, monkeypatch):
     try:
         relaid = load_compare(str(folders["base"]), engine, dtype=torch.float16, compile_=True)
         packed = load_compare(str(folders["base"]), engine, compile_=True)
+        # float16 weights are re-laid out where torch has FBGEMM (x86); elsewhere the float16 base compiles
+        laid_out = [packed, relaid] if half_weight_linear.available() else [packed]
         monkeypatch.setattr(half_weight_linear, "available", lambda: False)
         plain = load_compare(str(folders["base"]), engine, dtype=torch.float16)
         fast = load_compare(str(folders["base"]), engine, dtype=torch.float16, compile_=True)
         assert compiled.step(plain.engine.model, "slot") is None
         assert compiled.step(fast.engine.model, "slot") is not None
-        for c in (relaid, packed):
+        for c in laid_out:
             assert compiled.step(c.engine.model, "slot") is None
             assert isinstance(c.engine.model.model.layers[0].mlp.up_proj, OpaqueLinear)
         for c in (plain, fast, packed, relaid):
