@@ -87,10 +87,9 @@ def compile_decode(model):
     Returns whether anything was compiled."""
     from . import compiled
     from .llama_step import layers_forward
-    from .opaque_linear import OpaqueLinear
+    from .relayout import layer_layouts
 
-    head = model.get_output_embeddings()
-    if any(isinstance(m, OpaqueLinear) and m is not head for m in model.modules()):
+    if layer_layouts(model):
         return False
 
     compiled.set_step(model, "decode", torch.compile(model.forward, dynamic=True))  # transformers' path

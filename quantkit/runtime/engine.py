@@ -46,13 +46,11 @@ def default_spec_max_batch(model) -> int:
     where torch's packed int4 products cost more per extra row."""
     from ..nn import QuantLinear
     from .half_weight_linear import HalfWeightLinear
+    from .relayout import layer_layouts
 
     if any(isinstance(m, QuantLinear) and m.weight_packed.device.type == "cpu" for m in model.modules()):
         return 2
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if any(isinstance(m, HalfWeightLinear) and m is not head for m in model.modules()):
-        return 3
-    return 8
+    return 3 if HalfWeightLinear in layer_layouts(model) else 8
 
 
 class Engine:

@@ -66,7 +66,6 @@ class HalfWeightLinear(OpaqueLinear):
         super().__init__(weight, bias)
 
     def _set_weight(self, w: torch.Tensor) -> None:
-        self.dtype = w.dtype
         holdable = w.device.type == "cpu" and w.dtype in HOLDABLE and available()
         if holdable and (not self.lossless or exact_in_float16(w)):
             # The pack gets a copy, because FBGEMM clamps out-of-range values in the tensor it is given, which may

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from . import compiled
 from .fused_proj import fuse
 from .packed_linear import MIN_ROWS, PackedLinear
+from .relayout import layer_layouts
 from .rows import Rows
 from .slot_cache import SlotHandle, SlotPool
 
@@ -77,7 +78,7 @@ class _Plan:
 
     def __init__(self, model):
         self.qkv, self.gate_up = [], []
-        self.min_rows = MIN_ROWS if any(isinstance(m, PackedLinear) for m in model.model.layers.modules()) else 1
+        self.min_rows = MIN_ROWS if PackedLinear in layer_layouts(model) else 1
         relayout = bool(getattr(model, RELAYOUT_ATTR, False))
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp

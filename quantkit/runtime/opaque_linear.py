@@ -20,7 +20,11 @@ class OpaqueLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone(), requires_grad=False)
         with torch.no_grad():
-            self._set_weight(weight.detach())
+            self._hold(weight.detach())
+
+    def _hold(self, w: torch.Tensor) -> None:
+        self.dtype = w.dtype  # the plain weight's dtype, known without rebuilding it from the held form
+        self._set_weight(w)
 
     def _set_weight(self, w: torch.Tensor) -> None:
         raise NotImplementedError
@@ -44,7 +48,7 @@ class OpaqueLinear(nn.Module):
         weight = fn(self.weight)
         super()._apply(fn, recurse)
         with torch.no_grad():
-            self._set_weight(weight.detach())
+            self._hold(weight.detach())
             self._apply_extra(fn)
         return self
 
@@ -67,7 +71,7 @@ class OpaqueLinear(nn.Module):
                                       error_msgs)
         if w is not None:
             with torch.no_grad():
-                self._set_weight(w.detach().to(self.weight.dtype).clone())
+                self._hold(w.detach().to(self.dtype).clone())
                 self._loaded(w)
 
     def extra_repr(self) -> str:

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from . import half_weight_linear as half
+from .opaque_linear import OpaqueLinear
 from .packed_linear import PackedLinear, available as onednn_available
 
 
@@ -28,6 +29,14 @@ def float_linear(weight: torch.Tensor, bias: torch.Tensor | None, tied: bool = F
         # MKL's one-row product over a plain transposed copy beats oneDNN's in float32 only (bf16: 10 ms)
         return PackedLinear(weight, bias, keep_transposed=tied and weight.dtype == torch.float32)
     return None
+
+
+def layer_layouts(model: nn.Module) -> set[type]:
+    """The kinds of re-laid-out Linear (OpaqueLinear subclasses) the model computes with before its output head.
+    The head is left out: it runs after the decoder layers, and a quantised checkpoint's float16 head copy
+    (half_head.py) changes neither what compiles nor how a step's rows cost."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return {type(m) for m in model.modules() if isinstance(m, OpaqueLinear) and m is not head}
 
 
 def relayout_model(model: nn.Module) -> int:

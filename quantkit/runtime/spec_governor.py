@@ -62,7 +62,7 @@ class SpeculationGovernor:
         if seconds is not None and seconds > 0:
             self._spec = self._average(self._spec, seconds, accepted + 1)
             self._since_plain += 1
-            share = draft_seconds / seconds if seconds > 0 else 0.0
+            share = draft_seconds / seconds
             self.draft_share = share if self.draft_share is None else \
                 self.draft_share + self.smoothing * (share - self.draft_share)
             slower = self.plain_spt is not None and self.spec_spt > self.plain_spt * self.slack
@@ -75,9 +75,8 @@ class SpeculationGovernor:
         elif slower:
             # an average drafting step costs `excess` seconds more than plain steps would for its tokens
             excess = (self.spec_spt - self.plain_spt) * self._spec[1]
-            steps = math.ceil(excess / (self.overhead * self.plain_spt))
-            self.skip = max(self.skip, min(max(self.pause, steps), self.max_timed_pause))
-            self.pause = min(self.pause * 2, self.max_pause)
+            self._back_off()
+            self.skip = max(self.skip, min(math.ceil(excess / (self.overhead * self.plain_spt)), self.max_timed_pause))
         elif accepted == drafted:
             self.pause = self.first_pause
 
