@@ -167,3 +167,49 @@ class EngineRequests:
         for _ in range(n):
             assert self._ended.acquire(timeout=timeout)
         self._waited += n
+
+
+def run_together_as_alone(engine, model, prompts: list[list[int]], max_tokens: int) -> "EngineRequests":
+    """Submit the prompts to `engine` all at once, wait, close it, and check each answer equals the same prompt
+    decoded alone by generate (greedy, ignore_eos); one torch thread throughout. Returns the requests."""
+    from quantkit.runtime.generate import generate
+    from quantkit.runtime.sampling import SamplingParams
+    from quantkit.runtime.tiny import single_thread
+
+    run = EngineRequests(engine)
+    with single_thread():
+        run.submit_together(prompts, max_tokens)
+        run.wait()
+        engine.close()
+        for ids, req in zip(prompts, run.reqs):
+            alone = generate(model, ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True)).output_ids()
+            assert req.seq.output_ids() == alone
+    return run
+
+
+def repeat_prompts(n: int, vocab: int, seed: int, sep: int = 7) -> list[list[int]]:
+    """n random prompts that repeat their start after a `sep` token, so prompt lookup has something to draft."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        chunk = torch.randint(1, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
+        out.append(chunk + [sep] + chunk[:3])
+    return out
+
+
+def assert_relaid_decodes_like(model, reference, sep: int = 7) -> None:
+    """`model` (its Linears re-laid out by the runtime) computes `reference`'s logits up to summation order, and
+    its greedy decode of 20 prompts, with and without prompt lookup, equals transformers' generate on
+    `reference`; prompt lookup must have drafted."""
+    from quantkit.runtime.sampling import SamplingParams
+    from quantkit.runtime.tiny import single_thread
+
+    ids = torch.tensor([repeat_prompts(1, 256, seed=1, sep=sep)[0]])
+    with torch.no_grad():
+        # the same float32 products in another summation order: ~1e-6 relative through two layers
+        assert rel_err(model(ids).logits, reference(ids).logits) < 1e-5
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    with single_thread():
+        spec_steps = greedy_with_and_without_lookup(model, repeat_prompts(20, 256, seed=2, sep=sep), params,
+                                                    want=lambda p: hf_greedy(reference, p, 12))
+    assert spec_steps > 0

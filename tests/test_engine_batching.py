@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from helpers import EngineRequests, NumberTokenizer
+from helpers import EngineRequests, NumberTokenizer, run_together_as_alone
 from quantkit.runtime import llama_step
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
@@ -43,13 +43,7 @@ def test_speculating_and_plain_rows_share_a_padded_forward():
     prompts = [chunk + [2] + chunk[:3], torch.randint(1, 64, (6,), generator=g).tolist(), chunk * 2]
     engine = Engine(model, NumberTokenizer(), drafter_factory=lambda: PromptLookupDrafter(3, min_ngram=1),
                     num_speculative_tokens=4, max_active=8)
-    run = EngineRequests(engine)
-    with single_thread():
-        run.submit_together(prompts, 16)
-        run.wait()
-        engine.close()
-        for ids, req in zip(prompts, run.reqs):
-            assert req.seq.output_ids() == generate(model, ids, SamplingParams(max_tokens=16, ignore_eos=True)).output_ids()
+    run = run_together_as_alone(engine, model, prompts, 16)
     assert sum(r.seq.metrics.spec_steps for r in run.reqs) > 0
 
 

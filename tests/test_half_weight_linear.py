@@ -10,17 +10,15 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import EngineRequests, NumberTokenizer, greedy_with_and_without_lookup, hf_greedy, make_tiny_model, \
-    rel_err
+from helpers import NumberTokenizer, assert_relaid_decodes_like, make_tiny_model, rel_err, repeat_prompts, \
+    run_together_as_alone
 from quantkit.runtime import build
 from quantkit.runtime.engine import Engine
-from quantkit.runtime.generate import generate
 from quantkit.runtime.half_weight_linear import HalfWeightLinear, available, exact_in_float16
 from quantkit.runtime.packed_linear import PackedLinear
 from quantkit.runtime.relayout import float_linear, relayout_model
-from quantkit.runtime.sampling import SamplingParams
 from quantkit.runtime.speculative import self_w4_draft
-from quantkit.runtime.tiny import single_thread, tiny_llama
+from quantkit.runtime.tiny import tiny_llama
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no FBGEMM (x86 only)")
 
@@ -36,15 +34,6 @@ def _half_model(seed: int, tied: bool = False) -> nn.Module:
     if tied:
         model.lm_head.weight = model.model.embed_tokens.weight
     return model
-
-
-def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        chunk = torch.randint(1, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
-        out.append(chunk + [9] + chunk[:3])  # a repeat, so prompt lookup drafts
-    return out
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -160,30 +149,13 @@ def test_half_model_decodes_transformers_tokens(tied):
     assert isinstance(model.lm_head, HalfWeightLinear)
     emb = model.model.embed_tokens.weight
     assert emb.dtype == torch.float32 and torch.equal(emb, reference.model.embed_tokens.weight)
-    ids = torch.tensor([_prompts(1, 256, seed=1)[0]])
-    with torch.no_grad():
-        # the same float32 products in another summation order: ~1e-6 relative through two layers
-        assert rel_err(model(ids).logits, reference(ids).logits) < 1e-5
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
-    with single_thread():
-        spec_steps = greedy_with_and_without_lookup(model, _prompts(20, 256, seed=2), params,
-                                                    want=lambda p: hf_greedy(reference, p, 12))
-    assert spec_steps > 0
+    assert_relaid_decodes_like(model, reference, sep=9)
 
 
 def test_concurrent_requests_get_their_answers_alone():
     model = _half_model(seed=8)
     relayout_model(model)
-    prompts = _prompts(6, 256, seed=4)
-    engine = Engine(model, NumberTokenizer(), max_active=8)
-    run = EngineRequests(engine)
-    with single_thread():
-        run.submit_together(prompts, 10)
-        run.wait()
-        engine.close()
-        for ids, req in zip(prompts, run.reqs):
-            alone = generate(model, ids, SamplingParams(max_tokens=10, ignore_eos=True)).output_ids()
-            assert req.seq.output_ids() == alone
+    run_together_as_alone(Engine(model, NumberTokenizer(), max_active=8), model, repeat_prompts(6, 256, 4, sep=9), 10)
 
 
 def test_runtime_loader_holds_a_float16_checkpoint_in_float16(tmp_path):
@@ -207,7 +179,7 @@ def test_self_w4_draft_of_a_half_model_equals_the_unpacked_one():
     model = _half_model(seed=6)
     half_model = copy.deepcopy(model)
     relayout_model(half_model)
-    ids = torch.tensor([_prompts(1, 256, seed=3)[0]])
+    ids = torch.tensor([repeat_prompts(1, 256, seed=3, sep=9)[0]])
     for packed in (False, True):
         a = self_w4_draft(model, group_size=32, packed=packed)
         b = self_w4_draft(half_model, group_size=32, packed=packed)

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from helpers import greedy_with_and_without_lookup, hf_greedy, make_tiny_model, rel_err
+from helpers import assert_relaid_decodes_like, greedy_with_and_without_lookup, make_tiny_model, rel_err, \
+    repeat_prompts
 from quantkit.runtime import build
 from quantkit.runtime.generate import generate
 from quantkit.runtime.packed_linear import PackedLinear, available
@@ -71,15 +72,6 @@ def test_weight_is_the_original_and_a_deepcopy_is_independent():
     assert packed.nbytes == 64 * 48 * 4
 
 
-def _prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        chunk = torch.randint(1, vocab, (int(torch.randint(4, 12, (1,), generator=g)),), generator=g).tolist()
-        out.append(chunk + [7] + chunk[:3])  # a repeat, so prompt lookup drafts
-    return out
-
-
 @pytest.mark.parametrize("tied", [False, True])
 def test_packed_model_decodes_transformers_tokens(tied):
     """Every float32 Linear swapped (the head too, the tied embedding keeping its table); greedy output, with
@@ -96,15 +88,7 @@ def test_packed_model_decodes_transformers_tokens(tied):
         assert model.model.embed_tokens.weight.data_ptr() == model.lm_head.transposed.data_ptr()
     else:
         assert model.lm_head.transposed is None
-    ids = torch.tensor([_prompts(1, 256, seed=1)[0]])
-    with torch.no_grad():
-        # same float32 products in another summation order: ~1e-6 relative through two layers
-        assert rel_err(model(ids).logits, reference(ids).logits) < 1e-5
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
-    with single_thread():
-        spec_steps = greedy_with_and_without_lookup(model, _prompts(20, 256, seed=2), params,
-                                                    want=lambda p: hf_greedy(reference, p, 12))
-    assert spec_steps > 0
+    assert_relaid_decodes_like(model, reference)
 
 
 def test_state_dict_holds_the_plain_weights():
@@ -135,7 +119,7 @@ def test_self_w4_draft_of_a_packed_model_equals_the_unpacked_one():
     for packed in (False, True):
         a = self_w4_draft(model, group_size=32, packed=packed)
         b = self_w4_draft(packed_model, group_size=32, packed=packed)
-        ids = torch.tensor([_prompts(1, 256, seed=3)[0]])
+        ids = torch.tensor([repeat_prompts(1, 256, seed=3)[0]])
         with torch.no_grad():
             # the same W4 codes: only summation order differs (float32 products, or int4 ones read the same)
             assert rel_err(b(ids).logits, a(ids).logits) < 1e-4
@@ -155,7 +139,7 @@ def test_compile_leaves_a_packed_model_eager():
     assert build.compile_decode(tiny_llama(vocab_size=128, hidden=64, layers=2, seed=8)) is True
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     with single_thread(), torch.inference_mode():
-        for prompt in _prompts(2, 128, seed=4):
+        for prompt in repeat_prompts(2, 128, seed=4):
             assert generate(model, prompt, params).output_ids() == generate(eager, prompt, params).output_ids()
 
 
@@ -230,7 +214,7 @@ def test_bf16_model_packs_and_decodes_its_own_greedy_tokens():
     assert model.lm_head.transposed is None  # bf16 keeps no plain copy: MKL's bf16 row is slower
     lin = model.model.layers[0].mlp.up_proj
     x = torch.randn(13, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
-    ids = torch.tensor([_prompts(1, 256, seed=1)[0]])
+    ids = torch.tensor([repeat_prompts(1, 256, seed=1)[0]])
     with torch.no_grad():
         full = lin(x)
         assert all(torch.equal(lin(x[r: r + 1]), full[r: r + 1]) for r in range(13))
@@ -238,4 +222,4 @@ def test_bf16_model_packs_and_decodes_its_own_greedy_tokens():
         assert rel_err(model(ids).logits.float(), reference(ids).logits.float()) < 3e-2
     params = SamplingParams(max_tokens=10, ignore_eos=True)
     with single_thread():
-        assert greedy_with_and_without_lookup(model, _prompts(8, 256, seed=2), params) > 0
+        assert greedy_with_and_without_lookup(model, repeat_prompts(8, 256, seed=2), params) > 0
