@@ -1,7 +1,7 @@
 """Speculative decoding on the three prompt sets: tokens/s and tokens per target forward.
 
 Usage: python bench/speculative.py [--w4 CHECKPOINT] [--tokens 64] [--prompts 2] [-k 4] [--repeat 1] [--ours-only]
-       [--dtype float32|bfloat16|float16]
+       [--dtype float32|bfloat16|float16] [--compile]
 Rows: no speculation; prompt lookup; self-w4 draft (the target's own W4 RTN weights, packed in memory as
 `--draft self-w4` makes them: no second small model with this tokenizer exists here, so this is the draft model
 row); the W4 checkpoint as draft when --w4 is given; transformers' generate plain, with prompt_lookup_num_tokens and with
@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--float32-weights", action="store_true",
                     help="hold the target's weights in float32 (oneDNN's layout) instead of float16 (FBGEMM): the "
                          "runtime's layout for float32 checkpoints, and for float16 ones before FBGEMM")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the target's decode and verify steps (`--compile`); compiled in the warm-up")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="dtype of the target (and of transformers' reference model)")
     a = ap.parse_args()
@@ -56,18 +58,24 @@ def main():
         model = build.load_model("embedded", dtype)
     eos = eos_ids(model, tok)
     draft = self_w4_draft(model, packed=True)
+    if a.compile and not build.compile_decode(model):
+        print(build.STAYS_EAGER_NOTE)
     from transformers import AutoModelForCausalLM
 
     stock = AutoModelForCausalLM.from_pretrained(build.resolve_path("embedded"), dtype=dtype).eval()
     w4 = build.load_model(a.w4, torch.float32) if a.w4 else None
     k = a.k
-    print(f"{a.dtype} target, torch threads: {torch.get_num_threads()}, {a.prompts} prompts per set, up to {a.tokens} tokens, "
+    print(f"{a.dtype} target{' --compile' if a.compile else ''}, torch threads: {torch.get_num_threads()}, {a.prompts} prompts per set, up to {a.tokens} tokens, "
           f"greedy, k={k}, prompt-lookup n-gram {a.ngram}; decode tok/s leaves out the prefill")
     print("| prompt set | method | decode tok/s | speed-up vs ours plain | tok/s with prefill | "
           "tokens per target forward | same text |")
     print("|---|---|---|---|---|---|---|")
     with torch.inference_mode():
-        decode_ours(model, prompt_ids(tok, "open_prose", 1), SamplingParams(max_tokens=4), k, None, eos)  # warm-up
+        # warm-up, with verify steps of several lengths: with --compile, the compiling happens here
+        decode_ours(model, prompt_ids(tok, "open_prose", 1), SamplingParams(max_tokens=4), k, None, eos)
+        for lookup_k in (k, a.lookup_k):
+            decode_ours(model, prompt_ids(tok, "code_edit", 1), SamplingParams(max_tokens=24), lookup_k,
+                        lambda: PromptLookupDrafter(a.ngram), eos)
         for name in a.sets.split(","):
             prompts = prompt_ids(tok, name, a.prompts)
             params = SamplingParams(max_tokens=a.tokens)

@@ -14,7 +14,7 @@ from helpers import NumberTokenizer, assert_relaid_decodes_like, make_tiny_model
     run_together_as_alone
 from quantkit.runtime import build
 from quantkit.runtime.engine import Engine
-from quantkit.runtime.half_weight_linear import HalfWeightLinear, available, exact_in_float16
+from quantkit.runtime.half_weight_linear import HalfWeightLinear, available, exact_in_float16, fuse_modules
 from quantkit.runtime.packed_linear import PackedLinear
 from quantkit.runtime.relayout import float_linear, relayout_model
 from quantkit.runtime.speculative import self_w4_draft
@@ -160,19 +160,20 @@ def test_concurrent_requests_get_their_answers_alone():
 
 def test_runtime_loader_holds_a_float16_checkpoint_in_float16(tmp_path):
     """A float16 checkpoint loaded at the runtime's float32 default (and at --dtype float16) reads its weights
-    as float16; a float32 checkpoint of arbitrary values keeps float32 (oneDNN's layout), and --compile stays
-    eager for both."""
+    as float16, and --compile compiles it; a float32 checkpoint of arbitrary values keeps float32 (oneDNN's
+    layout) and stays eager."""
     f16 = build.load_model(str(make_tiny_model(tmp_path / "f16", dtype=torch.float16, seed=1)))
     assert f16.dtype == torch.float32
     assert isinstance(f16.model.layers[0].mlp.up_proj, HalfWeightLinear)
     assert isinstance(f16.get_output_embeddings(), HalfWeightLinear)
-    assert not build.compile_decode(f16)
+    assert build.compile_decode(f16)
     half = build.load_model(str(make_tiny_model(tmp_path / "f16b", dtype=torch.float16, seed=1)), torch.float16)
     assert isinstance(half.model.layers[0].self_attn.q_proj, HalfWeightLinear)
     with torch.no_grad():
         assert half(torch.tensor([[3, 4, 5]])).logits.dtype == torch.float16
     f32 = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=1)))
     assert not any(isinstance(m, HalfWeightLinear) for m in f32.modules())
+    assert not build.compile_decode(f32)
 
 
 def test_self_w4_draft_of_a_half_model_equals_the_unpacked_one():
@@ -191,3 +192,73 @@ def test_self_w4_draft_of_a_half_model_equals_the_unpacked_one():
             for name, m in b.named_modules():
                 if name.endswith("_proj"):
                     assert torch.equal(m.weight, mods[name].weight), name
+
+
+def _distinct_packs(modules) -> set[int]:
+    """The FBGEMM packs the modules' products read (a module fused with others reads a shared one)."""
+    return {id(getattr(m.packed, "whole", m.packed)) for m in modules}
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_modules_share_one_pack_and_give_their_own_outputs(bias):
+    """q/k/v (and gate/up) packed together: one product whose columns are bit for bit the modules' own, the
+    weights held once (each module keeps its rows), and each module still a working Linear on its own."""
+    shapes = [(96, 64), (32, 64), (32, 64)]
+    ws = [_half_values(*s, seed=20 + i) for i, s in enumerate(shapes)]
+    bs = [_half_values(s[0], seed=30 + i) if bias else None for i, s in enumerate(shapes)]
+    mods = [HalfWeightLinear(w, b) for w, b in zip(ws, bs)]
+    x = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        alone = [m(x) for m in mods]
+        fn = fuse_modules(mods)
+        assert fn is not None and len(_distinct_packs(mods)) == 1
+        assert torch.equal(fn(x), torch.cat(alone, dim=-1))
+        for m, y, w in zip(mods, alone, ws):  # each module alone: same output, same weight, same bytes
+            assert torch.equal(m(x), y) and torch.equal(m.weight, w) and m.nbytes == w.numel() * 2
+            assert torch.equal(copy.deepcopy(m)(x), y)
+            buf = io.BytesIO()
+            torch.save(m, buf)
+            buf.seek(0)
+            assert torch.equal(torch.load(buf, weights_only=False)(x), y)
+        # a module given new weights leaves the shared pack, and the fused call follows it
+        w_new = _half_values(32, 64, seed=40)
+        mods[1].load_state_dict({"weight": w_new, **({"bias": bs[1]} if bias else {})})
+        want = x @ w_new.t() + (bs[1] if bias else 0)
+        assert rel_err(fn(x)[..., 96:128], want) < 1e-6 and torch.equal(fn(x)[..., :96], alone[0])
+
+
+def test_modules_that_cannot_share_a_pack_are_left_alone():
+    a = HalfWeightLinear(_half_values(16, 8, seed=1), None)
+    assert fuse_modules([a, HalfWeightLinear(_half_values(16, 12, seed=2), None)]) is None  # other inputs
+    assert fuse_modules([a, HalfWeightLinear(_half_values(16, 8, seed=3), _half_values(16, seed=4))]) is None
+    assert fuse_modules([a, HalfWeightLinear(torch.randn(16, 8), None)]) is None  # held plain (not float16)
+    assert fuse_modules([a, nn.Linear(8, 16)]) is None
+    assert a.packed is not None and not hasattr(a.packed, "whole")
+
+
+def test_compiled_half_model_decodes_the_eager_tokens_with_shared_packs():
+    """`--compile` on float16-held weights: FBGEMM's products stay in the compiled graph as quantkit::half_linear,
+    q/k/v and gate/up each run as one product over one shared pack, and greedy decoding (plain steps and
+    prompt lookup's verify steps, which run compiled) gives the eager model's tokens."""
+    from quantkit.runtime import compiled as steps
+    from quantkit.runtime.generate import generate
+    from quantkit.runtime.sampling import SamplingParams
+    from quantkit.runtime.tiny import single_thread
+
+    from helpers import greedy_with_and_without_lookup
+
+    eager = _half_model(seed=12)
+    relayout_model(eager)
+    model = copy.deepcopy(eager)
+    assert build.compile_decode(model)
+    step, calls = steps.step(model, "slot"), []
+    steps.set_step(model, "slot", lambda m, h, *a: calls.append(h.shape[1]) or step(m, h, *a))
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    with single_thread(), torch.inference_mode():
+        spec_steps = greedy_with_and_without_lookup(model, repeat_prompts(4, 256, seed=5, sep=9), params,
+                                                    want=lambda p: generate(eager, p, params).output_ids())
+    assert spec_steps > 0 and 1 in calls and max(calls) > 1
+    for layer in model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        assert len(_distinct_packs([attn.q_proj, attn.k_proj, attn.v_proj])) == 1
+        assert len(_distinct_packs([mlp.gate_proj, mlp.up_proj])) == 1

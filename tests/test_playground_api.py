@@ -250,12 +250,13 @@ def test_stream_chunks_carry_running_speculation_totals(server):
 
 def test_compare_base_is_compiled_with_the_served_model(folders, monkeypatch):
     """`serve --compile --compare BASE`: the base decodes through compiled steps too, so their speeds compare;
-    a base whose Linears the runtime re-laid out (float16 weights with float32 products, or oneDNN's float32
-    layout) stays eager, where those products are faster than a compiled graph; one left as nn.Linear (here a
-    float16 base where FBGEMM is made unavailable) compiles."""
+    a base whose Linears hold float16 weights with float32 products (FBGEMM) or are left as nn.Linear (here a
+    float16 base where FBGEMM is made unavailable) compiles; one in oneDNN's float32 layout stays eager, where
+    those products are faster than a compiled graph."""
     from quantkit.runtime import build, compiled, half_weight_linear
     from quantkit.runtime.engine import Engine
-    from quantkit.runtime.opaque_linear import OpaqueLinear
+    from quantkit.runtime.half_weight_linear import HalfWeightLinear
+    from quantkit.runtime.packed_linear import PackedLinear
     from quantkit.runtime.playground import load_compare
 
     served = build.load_model(str(folders["quant"]))
@@ -263,16 +264,18 @@ def test_compare_base_is_compiled_with_the_served_model(folders, monkeypatch):
     try:
         relaid = load_compare(str(folders["base"]), engine, dtype=torch.float16, compile_=True)
         packed = load_compare(str(folders["base"]), engine, compile_=True)
-        # float16 weights are re-laid out where torch has FBGEMM (x86); elsewhere the float16 base compiles
-        laid_out = [packed, relaid] if half_weight_linear.available() else [packed]
+        half = half_weight_linear.available()
         monkeypatch.setattr(half_weight_linear, "available", lambda: False)
         plain = load_compare(str(folders["base"]), engine, dtype=torch.float16)
         fast = load_compare(str(folders["base"]), engine, dtype=torch.float16, compile_=True)
         assert compiled.step(plain.engine.model, "slot") is None
         assert compiled.step(fast.engine.model, "slot") is not None
-        for c in laid_out:
-            assert compiled.step(c.engine.model, "slot") is None
-            assert isinstance(c.engine.model.model.layers[0].mlp.up_proj, OpaqueLinear)
+        # the float32 base holds arbitrary float32 values: oneDNN's layout, eager
+        assert isinstance(packed.engine.model.model.layers[0].mlp.up_proj, PackedLinear)
+        assert compiled.step(packed.engine.model, "slot") is None
+        # the float16 base is held by FBGEMM where torch has it (x86), and compiles either way
+        assert isinstance(relaid.engine.model.model.layers[0].mlp.up_proj, HalfWeightLinear) == half
+        assert compiled.step(relaid.engine.model, "slot") is not None
         for c in (plain, fast, packed, relaid):
             c.engine.close()
     finally:

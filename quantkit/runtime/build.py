@@ -66,8 +66,8 @@ def load_model(path: str, dtype=None):
     return model.eval()
 
 
-STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its products are already FBGEMM or oneDNN calls, "
-                    "which a compiled graph would only slow down")
+STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its float32 products are oneDNN calls on pre-laid "
+                    "weights, which a compiled graph would only slow down")
 
 
 def compile_decode(model):
@@ -78,18 +78,18 @@ def compile_decode(model):
     dominate and it gains little. The first decode step compiles (about a minute on 2 cores), so it is
     opt-in. Outputs equal the eager model's up to float summation order.
 
-    A model whose Linears the runtime re-laid out (relayout.py: FBGEMM's float16 weights or oneDNN's layout, the
-    runtime's float CPU models) stays eager: its products are already single library calls that a compiled graph
-    cannot fuse with anything; through a custom op each cost ~30 us more, which over 211 calls made a float32
-    step slower than eager (15.4 vs 19.5 tok/s), and FBGEMM's packed weights split the graph at every product
-    (22 ms a step against 32, docs/benchmarks.md). A re-laid-out output head alone (a quantised checkpoint's
-    float16 copy, half_head.py) is called after the compiled layers and does not count.
+    A model with Linears in oneDNN's layout (packed_linear.py, the runtime's float32 CPU models) stays eager:
+    those products are single library calls a compiled graph cannot fuse with anything, and through a custom op
+    each cost ~30 us more, which over 211 calls made a step slower than eager (15.4 vs 19.5 tok/s). FBGEMM's
+    float16-weight products (half_weight_linear.py) reach the graph as one light op each, and compiling the glue
+    between them takes the float16-held SmolLM2 from 42.7 to 51.8 tok/s (docs/benchmarks.md).
     Returns whether anything was compiled."""
     from . import compiled
     from .llama_step import layers_forward
+    from .packed_linear import PackedLinear
     from .relayout import layer_layouts
 
-    if layer_layouts(model):
+    if PackedLinear in layer_layouts(model):
         return False
 
     compiled.set_step(model, "decode", torch.compile(model.forward, dynamic=True))  # transformers' path

@@ -6,8 +6,9 @@ halves those calls. torch's CPU int4 layout keeps blocks of output rows independ
 whole number of blocks (checked on a probe row) the fused pack is the modules' packs stacked, and each module's
 own pack is then re-pointed at its rows of the stack: no second copy of the weights.
 
-Float weights are concatenated and each module is left a view of its rows (no second copy). The runtime's own
-float32 CPU models never get here: their Linears are PackedLinear modules (packed_linear.py), called one by one.
+Float weights are concatenated and each module is left a view of its rows (no second copy); weights held in
+float16 by FBGEMM (half_weight_linear.py) are packed together the same way. The runtime's float32 CPU models'
+Linears in oneDNN's layout (packed_linear.py) are called one by one.
 """
 from __future__ import annotations
 
@@ -80,12 +81,20 @@ def _float_fused(mods) -> Fused | None:
     return Fused(lambda x: F.linear(x, weight, bias), [m.out_features for m in mods])
 
 
+def _half_fused(mods) -> Fused | None:
+    from .half_weight_linear import fuse_modules
+
+    fn = fuse_modules(mods)
+    return None if fn is None else Fused(fn, [m.out_features for m in mods])
+
+
 def fuse(mods: list[nn.Module], relayout: bool) -> Fused:
     """The projections as one call where their kind allows it, else as separate calls. relayout: float
     weights may be replaced by views into one new tensor (the runtime's own models only: a view-laid weight
     cannot be saved by transformers' save_pretrained); int4 fusion leaves the checkpoint tensors as they are."""
     if len({m.bias is None for m in mods}) == 1:  # one fused bias needs all of them or none
-        fused = _int4_fused(mods) or (_float_fused(mods) if relayout else None)
+        # float16-held weights stay modules with plain state_dicts when packed together, so relayout need not say
+        fused = _int4_fused(mods) or _half_fused(mods) or (_float_fused(mods) if relayout else None)
         if fused is not None:
             return fused
     return Fused(lambda x: tuple(m(x) for m in mods), None)

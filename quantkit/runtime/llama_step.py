@@ -86,16 +86,20 @@ class _Plan:
             self.gate_up.append(fuse([mlp.gate_proj, mlp.up_proj], relayout))
 
 
-_PLANS: "weakref.WeakKeyDictionary[torch.nn.Module, _Plan]" = weakref.WeakKeyDictionary()
+# Keyed by id(model), each entry dropped when its model is collected. A WeakKeyDictionary would do the same, but
+# the compiled step looks the plan up, and dynamo names such an entry by its position among the dictionary's keys:
+# a model collected while another compiles shifts the positions, and building that guard failed (IndexError).
+_PLANS: dict[int, _Plan] = {}
 
 
 def plan_for(model) -> _Plan:
-    plan = _PLANS.get(model)
+    plan = _PLANS.get(id(model))
     if plan is None:
         # outside inference mode: tensors made here replace module weights, which must stay ordinary tensors
         # (loadable, trainable, writable in place) for whatever else the caller does with the model
         with torch.inference_mode(False), torch.no_grad():
-            plan = _PLANS[model] = _Plan(model)
+            plan = _PLANS[id(model)] = _Plan(model)
+        weakref.finalize(model, _PLANS.pop, id(model), None)
     return plan
 
 
