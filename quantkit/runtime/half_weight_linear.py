@@ -5,11 +5,12 @@ on a CPU. Many float checkpoints store float16 (SmolLM2-135M among them): loaded
 each weight then takes 4 bytes for what fits in 2. FBGEMM (in torch's x86 builds, behind
 `torch.ops.quantized.linear_dynamic_fp16`) keeps the weight in float16 panels, widens it to float32 in
 registers and accumulates in float32, so a weight that is exactly a float16 number gives the float32 product up
-to summation order while half the bytes are read.
+to summation order while half the bytes are read. On one core of this machine the embedded SmolLM2 decoded at
+~48 tok/s this way (~60 with --compile) against 20-22 tok/s with float32 weights in oneDNN's layout
+(docs/benchmarks.md).
 The product is called through torch's tensor-held form of FBGEMM's pack (`torch.fbgemm_pack_gemm_matrix_fp16`,
-deprecated but kept in the torch pinned here): ~3 us a call against ~12 us for the same kernel behind
-`torch.ops.quantized.linear_dynamic_fp16`, 2 ms of a 22 ms step over SmolLM2's 211 Linears. On one core of this machine the embedded SmolLM2 decoded at
-39-44 tok/s this way against 20-22 tok/s with float32 weights in oneDNN's layout (docs/benchmarks.md).
+deprecated but present in the torch pinned here; available() checks): ~3 us a call against ~12 us for the same
+kernel behind `torch.ops.quantized.linear_dynamic_fp16`, 2 ms of a 22 ms step over SmolLM2's 211 Linears.
 It is also fast for several rows, where torch's own float16 product runs row by row: the 49152 x 576 head
 took 8 ms for 13 rows against 40 ms (F.linear in float16); and each output row depends only on its own input
 row, so rows computed together equal the same rows computed alone.
@@ -30,8 +31,6 @@ import torch.nn.functional as F
 from .opaque_linear import OpaqueLinear
 
 HOLDABLE = (torch.float32, torch.float16)
-# torch warns once per process that these ops are deprecated; the runtime checks they exist (available())
-warnings.filterwarnings("ignore", message=r"fbgemm_(pack_gemm_matrix|linear)_fp16.* is deprecated")
 
 
 class _Held:
@@ -66,7 +65,7 @@ class _Pack(_Held):
         self.zeros = torch.zeros(self.out_features)  # the op requires a bias; a module's own is added after
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten.fbgemm_linear_fp16_weight(x, self.handle, self.zeros)
+        return torch.fbgemm_linear_fp16_weight(x, self.handle, self.zeros)
 
     def unpack(self) -> torch.Tensor:
         """The [out, in] float32 weight. FBGEMM has no unpack for this form, so the weight is multiplied by the
@@ -90,7 +89,7 @@ class _Rows(_Held):
         return self.whole.unpack()[self.start: self.stop].contiguous()
 
 
-_PACKS: "weakref.WeakValueDictionary[int, _Pack]" = weakref.WeakValueDictionary()
+_PACKS: "weakref.WeakValueDictionary[int, _Held]" = weakref.WeakValueDictionary()
 
 # The product as an operator torch.compile can keep in one graph: dynamo cannot trace the pack's handle (a
 # tensor without data to it), so the compiled step names the pack by its key, and the op's Meta kernel gives
@@ -112,11 +111,15 @@ def available() -> bool:
     g = torch.Generator().manual_seed(0)
     w = torch.randn(24, 16, generator=g).half().float()
     x = torch.randn(3, 16, generator=g)
-    try:
-        pack = _Pack(w)
-        y, back = pack(x), pack.unpack()
-    except (RuntimeError, NotImplementedError):
-        return False
+    # torch warns once per process that these ops are deprecated; this first use takes that warning, outside
+    # inference mode, where it arrives as a Python warning that can be silenced (inside, it goes to stderr)
+    with torch.inference_mode(False), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"fbgemm_.* is deprecated")
+        try:
+            pack = _Pack(w)
+            y, back = pack(x), pack.unpack()
+        except (RuntimeError, NotImplementedError):
+            return False
     return bool(torch.allclose(y, x @ w.t(), rtol=1e-5, atol=1e-5)) and bool(torch.equal(back, w))
 
 
