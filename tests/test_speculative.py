@@ -162,6 +162,29 @@ def test_prompt_lookup_proposes_what_followed_the_last_ngram():
         PromptLookupDrafter(0)
 
 
+def test_prompt_lookup_drafts_long_only_after_a_long_match():
+    """Drafts beyond SHORT_DRAFT tokens are earned by the length of the match before the occurrence: two tokens
+    of context per drafted pair (per_matched=2), so a text being copied gets the whole k and a coincidental
+    3-gram gets SHORT_DRAFT."""
+    g = torch.Generator().manual_seed(3)
+    source = torch.randint(10, 100, (40,), generator=g)
+    d = PromptLookupDrafter(3)
+    assert d.SHORT_DRAFT == 4
+    for copied, want in ((2, 4), (3, 6), (4, 8), (5, 10), (6, 12), (20, 12)):
+        # the source, something else (tokens absent from it), then its first `copied` tokens again
+        ids = torch.cat([source, torch.tensor([1, 2, 3]), source[:copied]])
+        draft = d.propose(ids, 12, SamplingParams(), None)[0]
+        assert draft == source[copied: copied + want].tolist(), copied
+    ids = torch.cat([source, torch.tensor([1, 2, 3]), source[:2]])
+    assert d.propose(ids, 3, SamplingParams(), None)[0] == source[2:5].tolist()  # k <= SHORT_DRAFT: untouched
+    assert PromptLookupDrafter(3, per_matched=0).propose(ids, 12, SamplingParams(), None)[0] == source[2:14].tolist()
+    # a match running back to the start of the text counts what there is: 4 tokens earn 8
+    ids = torch.cat([source[:4], torch.tensor([1, 2]), source[:4]])
+    assert d.propose(ids, 12, SamplingParams(), None)[0] == [1, 2] + source[:4].tolist()
+    ids = torch.cat([source[:4], torch.tensor([1, 2]), source, torch.tensor([3]), source[:4]])
+    assert d.propose(ids, 12, SamplingParams(), None)[0] == [1, 2] + source[:6].tolist()
+
+
 def test_vocabulary_mismatch_is_refused():
     with pytest.raises(UserError, match="vocabulary"):
         check_vocab(tiny_llama(vocab_size=256), tiny_llama(vocab_size=300))
