@@ -262,3 +262,33 @@ def test_compiled_half_model_decodes_the_eager_tokens_with_shared_packs():
         attn, mlp = layer.self_attn, layer.mlp
         assert len(_distinct_packs([attn.q_proj, attn.k_proj, attn.v_proj])) == 1
         assert len(_distinct_packs([mlp.gate_proj, mlp.up_proj])) == 1
+    # weights loaded after compiling reach the compiled step (which skips guards on modules): fused and unfused
+    # Linears alike decode as a fresh eager model with those weights
+    other = _half_model(seed=13)
+    model.load_state_dict(other.state_dict())
+    relayout_model(other)
+    prompt = repeat_prompts(1, 256, seed=6, sep=9)[0]
+    with single_thread(), torch.inference_mode():
+        want = generate(other, prompt, params).output_ids()
+        assert want != generate(eager, prompt, params).output_ids()
+        assert generate(model, prompt, params).output_ids() == want
+
+
+def test_copies_of_a_module_are_their_own_to_the_compiled_op():
+    """The compiled step names each module by a key; a deepcopy or a pickled-and-loaded module must be named by
+    its own key, or a compiled graph would compute with the original's weights."""
+    import torch.nn.functional as F
+    from quantkit.runtime import half_weight_linear as hw
+
+    lin = HalfWeightLinear(_half_values(24, 16, seed=21), None)
+    buf = io.BytesIO()
+    torch.save(lin, buf)
+    buf.seek(0)
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(22))
+    for twin in (copy.deepcopy(lin), torch.load(buf, weights_only=False)):
+        assert twin.key != lin.key and hw._OWNERS[twin.key] is twin
+        twin.load_state_dict({"weight": _half_values(24, 16, seed=23)})
+        with torch.no_grad():
+            via_op = torch.ops.quantkit.half_linear(x, twin.key, 24)
+            assert torch.equal(via_op, twin(x)) and not torch.equal(via_op, lin(x))
+            assert rel_err(via_op, F.linear(x, twin.weight)) < 1e-6

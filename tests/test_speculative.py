@@ -175,6 +175,12 @@ def test_prompt_lookup_drafts_long_only_after_a_long_match():
         ids = torch.cat([source, torch.tensor([1, 2, 3]), source[:copied]])
         draft = d.propose(ids, 12, SamplingParams(), None)[0]
         assert draft == source[copied: copied + want].tolist(), copied
+    # an odd k: 4 matched tokens earn 8, capped at k=7 (a match of ceil(7/2) must be looked for, not 3)
+    ids = torch.cat([source, torch.tensor([1, 2, 3]), source[:4]])
+    assert d.propose(ids, 7, SamplingParams(), None)[0] == source[4:11].tolist()
+    # the match is the run of equal tokens back from the occurrence; equal tokens past a mismatch do not count
+    text = torch.tensor([50, 60, 70, 11, 12, 13]).tolist() + source.tolist() + [50, 60, 99, 11, 12, 13]
+    assert d.propose(torch.tensor(text), 12, SamplingParams(), None)[0] == source[:6].tolist()
     ids = torch.cat([source, torch.tensor([1, 2, 3]), source[:2]])
     assert d.propose(ids, 3, SamplingParams(), None)[0] == source[2:5].tolist()  # k <= SHORT_DRAFT: untouched
     assert PromptLookupDrafter(3, per_matched=0).propose(ids, 12, SamplingParams(), None)[0] == source[2:14].tolist()

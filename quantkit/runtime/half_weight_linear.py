@@ -35,14 +35,10 @@ HOLDABLE = (torch.float32, torch.float16)
 
 class _Held:
     """A weight as FBGEMM holds it, callable as x -> x @ w.T in float32. Never changed in place (a new weight gets
-    a new one), so copies of a module share it. `key` names it to the compiled step's op (below)."""
-
-    _keys = itertools.count()
+    a new one), so copies of a module share it."""
 
     def __init__(self, out_features: int, in_features: int):
         self.out_features, self.in_features = out_features, in_features
-        self.key = next(self._keys)
-        _PACKS[self.key] = self
 
     def unpack(self) -> torch.Tensor:
         raise NotImplementedError
@@ -70,7 +66,12 @@ class _Pack(_Held):
     def unpack(self) -> torch.Tensor:
         """The [out, in] float32 weight. FBGEMM has no unpack for this form, so the weight is multiplied by the
         identity: each output is 1.0 * w plus exact zeros, so every value comes back exactly (a -0.0 as 0.0)."""
-        cols = [self(torch.eye(self.in_features)[i: i + 512]) for i in range(0, self.in_features, 512)]
+        n, cols = self.in_features, []
+        for i in range(0, n, 512):
+            rows = torch.arange(min(512, n - i))
+            eye = torch.zeros(len(rows), n)
+            eye[rows, rows + i] = 1.0  # rows i.. of the identity, without building all of it
+            cols.append(self(eye))
         return torch.cat(cols).t().contiguous()
 
 
@@ -89,16 +90,33 @@ class _Rows(_Held):
         return self.whole.unpack()[self.start: self.stop].contiguous()
 
 
-_PACKS: "weakref.WeakValueDictionary[int, _Held]" = weakref.WeakValueDictionary()
-
 # The product as an operator torch.compile can keep in one graph: dynamo cannot trace the pack's handle (a
-# tensor without data to it), so the compiled step names the pack by its key, and the op's Meta kernel gives
-# the output's shape. Defined at the dispatcher's level because torch.library.custom_op's Python wrapper costs
-# ~10 us more a call, which over 211 Linears would undo much of what compiling gains.
+# tensor without data to it), so the compiled step names the module (or fused group) by a key it keeps for its
+# whole life, and the op asks it for its product as it is now: weights loaded after compiling reach the compiled
+# step too (it skips guards on modules: build._fixed_model_guards). The Meta kernel gives the output's shape.
+# Defined at the dispatcher's level because torch.library.custom_op's Python wrapper costs ~10 us more a call,
+# which over 211 Linears would undo much of what compiling gains.
+_OWNERS: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_keys = itertools.count()
+
+
+def _register(owner) -> int:
+    key = next(_keys)
+    _OWNERS[key] = owner
+    return key
+
+
 _LIB = torch.library.Library("quantkit", "FRAGMENT")
 _LIB.define("half_linear(Tensor x, int key, int out_features) -> Tensor")
-_LIB.impl("half_linear", lambda x, key, out_features: _PACKS[key](x), "CPU")
+_LIB.impl("half_linear", lambda x, key, out_features: _OWNERS[key].product(x), "CPU")
 _LIB.impl("half_linear", lambda x, key, out_features: x.new_empty(*x.shape[:-1], out_features), "Meta")
+
+
+def _product(x: torch.Tensor, key: int, out_features: int, held) -> torch.Tensor:
+    """x (float32) times the weights of the owner named by key; eager calls go straight to `held`."""
+    if torch.compiler.is_compiling():
+        return torch.ops.quantkit.half_linear(x, key, out_features)
+    return held(x)
 
 
 @lru_cache(maxsize=None)
@@ -144,27 +162,32 @@ class HalfWeightLinear(OpaqueLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lossless: bool = True):
         self.lossless = lossless  # read by _set_weight, which the base class calls
         super().__init__(weight, bias)
+        self.key = _register(self)
+
+    def __setstate__(self, state):
+        # a copy (deepcopy, or pickled and loaded) is a module of its own: the compiled op must find it, not us
+        super().__setstate__(state)
+        self.key = _register(self)
 
     def _set_weight(self, w: torch.Tensor) -> None:
         holdable = w.device.type == "cpu" and w.dtype in HOLDABLE and available()
         if holdable and (not self.lossless or exact_in_float16(w)):
             # the bias stays a parameter of its own, added after the product, so in-place updates reach it
-            self._held(_Pack(w))
+            self.packed, self.plain = _Pack(w), None
         else:
-            self.packed, self.plain, self.key = None, w, None
+            self.packed, self.plain = None, w
 
-    def _held(self, packed: _Held) -> None:
-        self.packed, self.plain = packed, None
-        self.key = packed.key  # read by the compiled step as a plain int
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """x (float32) times the weight as held now, in float32, without the bias (the compiled step's op)."""
+        if self.packed is not None:
+            return self.packed(x)
+        return F.linear(x, self.plain.to(x.dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.plain is not None:
             return F.linear(x, self.plain, self.bias)
         x = x if x.dtype == torch.float32 else x.float()
-        if torch.compiler.is_compiling():
-            y = torch.ops.quantkit.half_linear(x, self.key, self.out_features)
-        else:
-            y = self.packed(x)
+        y = _product(x, self.key, self.out_features, self.packed)
         if self.bias is not None:
             y = y + self.bias
         return y if y.dtype == self.dtype else y.to(self.dtype)
@@ -187,6 +210,28 @@ class HalfWeightLinear(OpaqueLinear):
         return "float16 weights, float32 products (FBGEMM)" if self.packed is not None else "plain"
 
 
+class _Group:
+    """Modules sharing one pack (fuse_modules). Each keeps its rows of it until given a new weight; from then on
+    the group computes module by module and lets the shared pack go."""
+
+    def __init__(self, mods: list[HalfWeightLinear]):
+        self.mods = mods
+        self.whole = _Pack(torch.cat([m.packed.unpack() for m in mods]))
+        self.views, start = [], 0
+        for m in mods:
+            self.views.append(_Rows(self.whole, start, start + m.out_features))
+            start += m.out_features
+            m.packed = self.views[-1]
+        self.out_features = start
+        self.key = _register(self)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        if self.whole is not None and all(m.packed is v for m, v in zip(self.mods, self.views)):
+            return self.whole(x)
+        self.whole = self.views = None
+        return torch.cat([m.product(x) for m in self.mods], dim=-1)
+
+
 def fuse_modules(mods: list[HalfWeightLinear]):
     """One product for HalfWeightLinear modules that read the same input (q/k/v; gate/up), with the weights held
     once: the modules' weights are packed together and each module is left its rows of that pack (_Rows).
@@ -200,24 +245,14 @@ def fuse_modules(mods: list[HalfWeightLinear]):
         return None
     if len({m.bias is None for m in mods}) != 1:
         return None
-    whole = _Pack(torch.cat([m.packed.unpack() for m in mods]))
-    views, start = [], 0
-    for m in mods:
-        views.append(_Rows(whole, start, start + m.out_features))
-        start += m.out_features
-        m._held(views[-1])
-    dtype = mods[0].dtype
+    group = _Group(mods)
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        if any(m.packed is not v for m, v in zip(mods, views)):
-            return torch.cat([m(x) for m in mods], dim=-1)
         x = x if x.dtype == torch.float32 else x.float()
-        if torch.compiler.is_compiling():
-            y = torch.ops.quantkit.half_linear(x, whole.key, whole.out_features)
-        else:
-            y = whole(x)
+        y = _product(x, group.key, group.out_features, group.product)
         if mods[0].bias is not None:
             y = y + torch.cat([m.bias for m in mods])
+        dtype = mods[0].dtype
         return y if y.dtype == dtype else y.to(dtype)
 
     return run
