@@ -23,6 +23,24 @@ from quantkit.runtime.tiny import tiny_llama
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no FBGEMM (x86 only)")
 
 
+@pytest.fixture(params=[1, 2], ids=["one-thread-pack", "threaded-pack"])
+def pack_threads(request):
+    """Packs made at one torch thread are _Pack (a single-threaded call), at more _ThreadedPack (split over the
+    threads): every test taking this fixture runs with each kind."""
+    from quantkit.runtime import half_weight_linear as hw
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    try:
+        kind = hw._Pack if request.param == 1 else hw._ThreadedPack
+        if not hw._works(kind):
+            pytest.skip(f"this torch build lacks {kind.__name__}'s FBGEMM ops")
+        assert type(hw.pack(torch.ones(2, 2))) is kind
+        yield request.param
+    finally:
+        torch.set_num_threads(n)
+
+
 def _half_values(*shape: int, seed: int) -> torch.Tensor:
     """float32 values that are float16 numbers, as a float16 checkpoint loaded in float32 holds."""
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).half().float()
@@ -38,7 +56,7 @@ def _half_model(seed: int, tied: bool = False) -> nn.Module:
 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 13, 32])
-def test_product_matches_float64_reference(rows, bias):
+def test_product_matches_float64_reference(rows, bias, pack_threads):
     w, b = _half_values(96, 200, seed=rows), (_half_values(96, seed=50) if bias else None)
     lin = HalfWeightLinear(w, b)
     x = torch.randn(rows, 200, generator=torch.Generator().manual_seed(1))
@@ -52,7 +70,7 @@ def test_product_matches_float64_reference(rows, bias):
     assert got.shape == (rows, 96) and got.dtype == torch.float32
 
 
-def test_rows_do_not_depend_on_the_rest_of_the_batch():
+def test_rows_do_not_depend_on_the_rest_of_the_batch(pack_threads):
     """A verify forward (k+1 rows) and a step shared by many requests must give each row the numbers it gets
     alone, or speculation and batching could change greedy output."""
     lin = HalfWeightLinear(_half_values(960, 576, seed=3), None)
@@ -67,7 +85,7 @@ def test_rows_do_not_depend_on_the_rest_of_the_batch():
         assert torch.equal(lin(x.t().contiguous().t()), full)  # a non-contiguous input
 
 
-def test_float16_weights_give_float16_outputs_and_other_dtypes_stay_plain():
+def test_float16_weights_give_float16_outputs_and_other_dtypes_stay_plain(pack_threads):
     w = _half_values(48, 64, seed=4)
     lin16 = HalfWeightLinear(w.half(), None)
     x = torch.randn(5, 64, generator=torch.Generator().manual_seed(3)).half()
@@ -81,7 +99,7 @@ def test_float16_weights_give_float16_outputs_and_other_dtypes_stay_plain():
     assert bf.packed is None and bf(x.bfloat16()).dtype == torch.bfloat16
 
 
-def test_weight_state_dict_deepcopy_to_and_pickling():
+def test_weight_state_dict_deepcopy_to_and_pickling(pack_threads):
     w, b = _half_values(64, 48, seed=5), _half_values(64, seed=6)
     lin = HalfWeightLinear(w, b)
     assert torch.equal(lin.weight, w) and lin.weight.dtype == torch.float32 and lin.nbytes == 64 * 48 * 2
@@ -200,7 +218,7 @@ def _distinct_packs(modules) -> set[int]:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_fused_modules_share_one_pack_and_give_their_own_outputs(bias):
+def test_fused_modules_share_one_pack_and_give_their_own_outputs(bias, pack_threads):
     """q/k/v (and gate/up) packed together: one product whose columns are bit for bit the modules' own, the
     weights held once (each module keeps its rows), and each module still a working Linear on its own."""
     shapes = [(96, 64), (32, 64), (32, 64)]

@@ -8,9 +8,11 @@ registers and accumulates in float32, so a weight that is exactly a float16 numb
 to summation order while half the bytes are read. On one core of this machine the embedded SmolLM2 decoded at
 ~48 tok/s this way (~60 with --compile) against 20-22 tok/s with float32 weights in oneDNN's layout
 (docs/benchmarks.md).
-The product is called through torch's tensor-held form of FBGEMM's pack (`torch.fbgemm_pack_gemm_matrix_fp16`,
-deprecated but present in the torch pinned here; available() checks): ~3 us a call against ~12 us for the same
-kernel behind `torch.ops.quantized.linear_dynamic_fp16`, 2 ms of a 22 ms step over SmolLM2's 211 Linears.
+Two ways to call it, chosen when a weight is packed (pack()): at one torch thread, torch's tensor-held form of
+FBGEMM's pack (`torch.fbgemm_pack_gemm_matrix_fp16`, deprecated but present in the torch pinned here), ~2 us
+of fixed cost a call against ~12 us for `torch.ops.quantized.linear_dynamic_fp16` (2 ms of a 22 ms step over
+SmolLM2's 211 Linears) but always on one thread; at more threads, the latter, which splits each product over
+them (13 rows of a 3072 x 576 product: 234 against 437 us at 2 threads), so verify steps cost less.
 It is also fast for several rows, where torch's own float16 product runs row by row: the 49152 x 576 head
 took 8 ms for 13 rows against 40 ms (F.linear in float16); and each output row depends only on its own input
 row, so rows computed together equal the same rows computed alone.
@@ -47,12 +49,30 @@ class _Held:
         return self
 
     def __reduce__(self):  # pickling (torch.save of a whole model): the weight, packed again on load
-        return _Pack, (self.unpack(),)
+        return pack, (self.unpack(),)
+
+
+class _ThreadedPack(_Held):
+    """One weight in FBGEMM's float16 layout behind `torch.ops.quantized.linear_dynamic_fp16`, which splits each
+    product over torch's threads: at 2 threads a 3072 x 576 product took 53 us for one row and 234 us for 13,
+    against 74 and 437 us for _Pack's single-threaded call. Its fixed cost is ~12 us a call."""
+
+    def __init__(self, w: torch.Tensor):
+        super().__init__(*w.shape)
+        # a copy, because packing clamps values beyond float16's range in the tensor it is given
+        self.params = torch.ops.quantized.linear_prepack_fp16(w.to(torch.float32, copy=True).contiguous(), None)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.params)
+
+    def unpack(self) -> torch.Tensor:
+        return torch.ops.quantized.linear_unpack_fp16(self.params)[0]
 
 
 class _Pack(_Held):
     """One weight in FBGEMM's float16 layout: a uint8 tensor torch uses as a handle to the packed matrix, which
-    no tensor operation can copy (a clone copies the handle's bytes, not the matrix)."""
+    no tensor operation can copy (a clone copies the handle's bytes, not the matrix). Its call runs on one thread
+    whatever torch's setting, at ~2 us of fixed cost: the faster kind at one thread."""
 
     def __init__(self, w: torch.Tensor):
         super().__init__(*w.shape)
@@ -79,7 +99,7 @@ class _Rows(_Held):
     """Output rows [start, stop) of a pack that several modules share (fuse_modules): alone, it computes the
     whole product and keeps its columns, which only a caller outside the fused step pays for."""
 
-    def __init__(self, whole: _Pack, start: int, stop: int):
+    def __init__(self, whole: _Held, start: int, stop: int):
         super().__init__(stop - start, whole.in_features)
         self.whole, self.start, self.stop = whole, start, stop
 
@@ -120,25 +140,35 @@ def _product(x: torch.Tensor, key: int, out_features: int, held) -> torch.Tensor
 
 
 @lru_cache(maxsize=None)
-def available() -> bool:
-    """This torch build has FBGEMM's float16-weight product and it gives the float32 product of the float16
-    weight (x86 builds; not ARM's)."""
-    if "fbgemm" not in torch.backends.quantized.supported_engines \
-            or not hasattr(torch, "fbgemm_pack_gemm_matrix_fp16"):
+def _works(kind: type) -> bool:
+    """This torch build has the kind's FBGEMM ops and they give the float32 product of the float16 weight."""
+    if "fbgemm" not in torch.backends.quantized.supported_engines:
         return False
     g = torch.Generator().manual_seed(0)
     w = torch.randn(24, 16, generator=g).half().float()
     x = torch.randn(3, 16, generator=g)
-    # torch warns once per process that these ops are deprecated; this first use takes that warning, outside
+    # torch warns once per process that _Pack's ops are deprecated; this first use takes that warning, outside
     # inference mode, where it arrives as a Python warning that can be silenced (inside, it goes to stderr)
     with torch.inference_mode(False), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"fbgemm_.* is deprecated")
         try:
-            pack = _Pack(w)
-            y, back = pack(x), pack.unpack()
-        except (RuntimeError, NotImplementedError):
+            held = kind(w)
+            y, back = held(x), held.unpack()
+        except (RuntimeError, NotImplementedError, AttributeError):
             return False
     return bool(torch.allclose(y, x @ w.t(), rtol=1e-5, atol=1e-5)) and bool(torch.equal(back, w))
+
+
+def available() -> bool:
+    """This torch build has FBGEMM's float16-weight product (x86 builds; not ARM's)."""
+    return _works(_Pack) or _works(_ThreadedPack)
+
+
+def pack(w: torch.Tensor) -> _Held:
+    """w in FBGEMM's float16 layout, in the kind that is faster at torch's thread count as it is now: one
+    thread, the single-threaded call with the smaller fixed cost; more, the call that splits over them."""
+    threaded = torch.get_num_threads() > 1 or not _works(_Pack)
+    return _ThreadedPack(w) if threaded and _works(_ThreadedPack) else _Pack(w)
 
 
 def exact_in_float16(w: torch.Tensor) -> bool:
@@ -173,7 +203,7 @@ class HalfWeightLinear(OpaqueLinear):
         holdable = w.device.type == "cpu" and w.dtype in HOLDABLE and available()
         if holdable and (not self.lossless or exact_in_float16(w)):
             # the bias stays a parameter of its own, added after the product, so in-place updates reach it
-            self.packed, self.plain = _Pack(w), None
+            self.packed, self.plain = pack(w), None
         else:
             self.packed, self.plain = None, w
 
@@ -216,7 +246,7 @@ class _Group:
 
     def __init__(self, mods: list[HalfWeightLinear]):
         self.mods = mods
-        self.whole = _Pack(torch.cat([m.packed.unpack() for m in mods]))
+        self.whole = pack(torch.cat([m.packed.unpack() for m in mods]))
         self.views, start = [], 0
         for m in mods:
             self.views.append(_Rows(self.whole, start, start + m.out_features))
