@@ -94,7 +94,7 @@ def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prom
                  compile_: bool = False, **engine_kw) -> CompareModel:
     """`--compare BASE`: load the base model next to the served one, checked to share its tokenizer, with its
     own engine. It drafts by prompt lookup when the served model does (no second draft model is loaded), and
-    is compiled when the served one is (`--compile`; a float32 base stays eager, its fastest, see
+    is compiled when the served one is (`--compile`; a float32 base in oneDNN's layout stays eager, its fastest, see
     build.compile_decode), so that their speeds compare like for like."""
     from . import build
     from .engine import Engine
