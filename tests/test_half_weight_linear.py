@@ -13,6 +13,7 @@ from torch import nn
 from helpers import NumberTokenizer, assert_relaid_decodes_like, make_tiny_model, rel_err, repeat_prompts, \
     run_together_as_alone
 from quantkit.runtime import build
+from quantkit.runtime import half_weight_linear as hw
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.half_weight_linear import HalfWeightLinear, available, exact_in_float16, fuse_modules
 from quantkit.runtime.packed_linear import PackedLinear
@@ -23,20 +24,21 @@ from quantkit.runtime.tiny import tiny_llama
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no FBGEMM (x86 only)")
 
 
-@pytest.fixture(params=[1, 2], ids=["one-thread-pack", "threaded-pack"])
+def _kind_param(threads: int, kind) -> "pytest.param":
+    return pytest.param((threads, kind), id=kind.__name__,
+                        marks=pytest.mark.skipif(not hw._works(kind), reason=f"this torch build lacks {kind.__name__}"))
+
+
+@pytest.fixture(params=[_kind_param(1, hw._Pack), _kind_param(2, hw._ThreadedPack)])
 def pack_threads(request):
     """Packs made at one torch thread are _Pack (a single-threaded call), at more _ThreadedPack (split over the
     threads): every test taking this fixture runs with each kind."""
-    from quantkit.runtime import half_weight_linear as hw
-
+    threads, kind = request.param
     n = torch.get_num_threads()
-    torch.set_num_threads(request.param)
+    torch.set_num_threads(threads)
     try:
-        kind = hw._Pack if request.param == 1 else hw._ThreadedPack
-        if not hw._works(kind):
-            pytest.skip(f"this torch build lacks {kind.__name__}'s FBGEMM ops")
         assert type(hw.pack(torch.ones(2, 2))) is kind
-        yield request.param
+        yield threads
     finally:
         torch.set_num_threads(n)
 
@@ -296,7 +298,6 @@ def test_copies_of_a_module_are_their_own_to_the_compiled_op():
     """The compiled step names each module by a key; a deepcopy or a pickled-and-loaded module must be named by
     its own key, or a compiled graph would compute with the original's weights."""
     import torch.nn.functional as F
-    from quantkit.runtime import half_weight_linear as hw
 
     lin = HalfWeightLinear(_half_values(24, 16, seed=21), None)
     buf = io.BytesIO()
