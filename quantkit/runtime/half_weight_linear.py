@@ -52,6 +52,11 @@ class _Held:
         return pack, (self.unpack(),)
 
 
+def _packable(w: torch.Tensor) -> torch.Tensor:
+    # a copy, because packing clamps values beyond float16's range in the tensor it is given
+    return w.to(torch.float32, copy=True).contiguous()
+
+
 class _ThreadedPack(_Held):
     """One weight in FBGEMM's float16 layout behind `torch.ops.quantized.linear_dynamic_fp16`, which splits each
     product over torch's threads: at 2 threads a 3072 x 576 product took 53 us for one row and 234 us for 13,
@@ -59,8 +64,7 @@ class _ThreadedPack(_Held):
 
     def __init__(self, w: torch.Tensor):
         super().__init__(*w.shape)
-        # a copy, because packing clamps values beyond float16's range in the tensor it is given
-        self.params = torch.ops.quantized.linear_prepack_fp16(w.to(torch.float32, copy=True).contiguous(), None)
+        self.params = torch.ops.quantized.linear_prepack_fp16(_packable(w), None)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.quantized.linear_dynamic_fp16(x, self.params)
@@ -76,8 +80,7 @@ class _Pack(_Held):
 
     def __init__(self, w: torch.Tensor):
         super().__init__(*w.shape)
-        # a copy, because packing clamps values beyond float16's range in the tensor it is given
-        self.handle = torch.fbgemm_pack_gemm_matrix_fp16(w.to(torch.float32, copy=True).contiguous())
+        self.handle = torch.fbgemm_pack_gemm_matrix_fp16(_packable(w))
         self.zeros = torch.zeros(self.out_features)  # the op requires a bias; a module's own is added after
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -132,11 +135,15 @@ _LIB.impl("half_linear", lambda x, key, out_features: _OWNERS[key].product(x), "
 _LIB.impl("half_linear", lambda x, key, out_features: x.new_empty(*x.shape[:-1], out_features), "Meta")
 
 
-def _product(x: torch.Tensor, key: int, out_features: int, held) -> torch.Tensor:
-    """x (float32) times the weights of the owner named by key; eager calls go straight to `held`."""
-    if torch.compiler.is_compiling():
-        return torch.ops.quantkit.half_linear(x, key, out_features)
-    return held(x)
+def _linear(x: torch.Tensor, key: int, out_features: int, held, bias: torch.Tensor | None,
+            dtype: torch.dtype) -> torch.Tensor:
+    """x times the weights of the owner named by key, in float32, plus bias, returned in dtype. Eager calls go
+    straight to `held` (the owner's product); compiled ones through the op."""
+    x = x if x.dtype == torch.float32 else x.float()
+    y = torch.ops.quantkit.half_linear(x, key, out_features) if torch.compiler.is_compiling() else held(x)
+    if bias is not None:
+        y = y + bias
+    return y if y.dtype == dtype else y.to(dtype)
 
 
 @lru_cache(maxsize=None)
@@ -216,11 +223,7 @@ class HalfWeightLinear(OpaqueLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.plain is not None:
             return F.linear(x, self.plain, self.bias)
-        x = x if x.dtype == torch.float32 else x.float()
-        y = _product(x, self.key, self.out_features, self.packed)
-        if self.bias is not None:
-            y = y + self.bias
-        return y if y.dtype == self.dtype else y.to(self.dtype)
+        return _linear(x, self.key, self.out_features, self.packed, self.bias, self.dtype)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -281,11 +284,7 @@ def fuse_modules(mods: list[HalfWeightLinear]):
     group = _Group(mods)
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        x = x if x.dtype == torch.float32 else x.float()
-        y = _product(x, group.key, group.out_features, group.product)
-        if mods[0].bias is not None:
-            y = y + torch.cat([m.bias for m in mods])
-        dtype = mods[0].dtype
-        return y if y.dtype == dtype else y.to(dtype)
+        bias = torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None
+        return _linear(x, group.key, group.out_features, group.product, bias, mods[0].dtype)
 
     return run

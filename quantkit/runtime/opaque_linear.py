@@ -48,17 +48,13 @@ class OpaqueLinear(nn.Module):
         plain = getattr(self, "plain", None)
         device = plain.device if plain is not None else torch.device("cpu")  # held layouts live on the CPU
         probe = fn(torch.empty(0, dtype=self.dtype, device=device))
-        if probe.dtype == self.dtype and probe.device == device:
-            # `.float()` on a float32 model, `.cpu()` on a CPU one: the held weight stays as it is (rebuilding
-            # it would cost an unpack and a repack, and would take it out of any pack it shares: fuse_modules)
-            super()._apply(fn, recurse)
-            with torch.no_grad():
-                self._apply_extra(fn)
-            return self
-        weight = fn(self.weight)
+        # `.float()` on a float32 model, `.cpu()` on a CPU one: the held weight stays as it is (rebuilding it
+        # would cost an unpack and a repack, and would take it out of any pack it shares: fuse_modules)
+        weight = None if probe.dtype == self.dtype and probe.device == device else fn(self.weight)
         super()._apply(fn, recurse)
         with torch.no_grad():
-            self._hold(weight.detach())
+            if weight is not None:
+                self._hold(weight.detach())
             self._apply_extra(fn)
         return self
 
