@@ -5,7 +5,8 @@
 
 A variant is WEIGHTS:ACTIVATIONS[:MODULES]. WEIGHTS is tensor or channel (absmax E4M3 rounding of the weights,
 optionally @F to multiply the scale by F), empty for float weights; ACTIVATIONS is token (per-token dynamic) or
-static (calibration absmax, optionally @M as the margin), empty for float inputs; MODULES is a comma list of name
+static (calibration absmax, optionally @M as the margin) or search (the scale the checkpoint path picks:
+searched in [margin, 2 x margin) x absmax, solvers/fp8_input_scale.py, @M as for static), empty for float inputs; MODULES is a comma list of name
 fragments limiting the variant to the Linears whose names contain one (default every Linear but lm_head).
 Everything is fake-quantised in float32 on the float model (quantkit.e4m3, the rounding the checkpoint path
 uses), so the rows isolate one source of error each; bench/fp8_quality.py runs the real checkpoints.
@@ -16,6 +17,7 @@ static input scale carries a margin (solvers/fp8.py INPUT_MARGIN).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -24,7 +26,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from quality_common import load_model, perplexity  # noqa: E402
+from quality_common import load_model  # noqa: E402
 
 STANDARD = [
     "tensor:", "channel:", ":token", ":static@1", ":static@2",
@@ -49,7 +51,21 @@ def input_amax(model, linears: dict, samples) -> dict[str, float]:
     return seen
 
 
-def apply_variant(spec: str, linears: dict, originals: dict, calib_amax: dict) -> list:
+def observe(model, linears: dict, samples) -> dict:
+    """The checkpoint path's static input-scale statistics (absmax and histogram) of every Linear."""
+    from quantkit.solvers.fp8_input_scale import InputScale
+
+    obs = {n: InputScale(n, m.weight) for n, m in linears.items()}
+    handles = [m.register_forward_pre_hook(lambda _m, args, o=obs[n]: o.add(args[0])) for n, m in linears.items()]
+    with torch.no_grad():
+        for s in samples:
+            model(input_ids=s.reshape(1, -1))
+    for h in handles:
+        h.remove()
+    return obs
+
+
+def apply_variant(spec: str, linears: dict, originals: dict, calib: dict) -> list:
     from quantkit import e4m3
 
     weights, acts, *rest = spec.split(":") + [""]
@@ -66,11 +82,31 @@ def apply_variant(spec: str, linears: dict, originals: dict, calib_amax: dict) -
             mod.weight.data = e4m3.fake_quantize(w, e4m3.scale_for(amax) * float(mult or 1))
         if acts.startswith("token"):
             handles.append(mod.register_forward_pre_hook(lambda _m, args: (e4m3.fake_quantize(args[0]),)))
-        elif acts.startswith("static"):
+        elif acts.startswith(("static", "search")):
             margin = float(acts.partition("@")[2] or 1)
-            s = e4m3.scale_for(torch.tensor([calib_amax[name]]), margin)
+            if acts.startswith("search"):
+                s = calib[name].scale(torch.float32, margin)[0]
+            else:
+                s = e4m3.scale_for(calib[name].amax.reshape(1), margin)
             handles.append(mod.register_forward_pre_hook(lambda _m, args, s=s: (e4m3.fake_quantize(args[0], s),)))
     return handles
+
+
+@torch.no_grad()
+def ppl_and_kl(model, windows: list, ref: list | None = None) -> tuple[float, float, list]:
+    """Perplexity, mean per-token KL(ref || model) in nats (0 without ref) and this model's log-probs.
+
+    KL against the float model ranks variants by how far they move the whole next-token distribution, which on
+    2.5k evaluation tokens is far less noisy than a perplexity difference (whose sign is partly luck)."""
+    nll, kl, count, out = 0.0, 0.0, 0, []
+    for i, w in enumerate(windows):
+        lp = torch.log_softmax(model(input_ids=w.reshape(1, -1), use_cache=False).logits[0, :-1].float(), -1)
+        nll -= float(lp.gather(-1, w[1:, None]).sum())
+        count += lp.shape[0]
+        if ref is not None:
+            kl += float((ref[i].exp() * (ref[i] - lp)).sum())
+        out.append(lp)
+    return math.exp(nll / count), kl / count, out
 
 
 def main(argv=None) -> None:
@@ -96,18 +132,19 @@ def main(argv=None) -> None:
     model = load_model(path)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "lm_head" not in n}
     originals = {n: m.weight.data.clone() for n, m in linears.items()}
-    calib_amax = input_amax(model, linears, calib)
+    calib_obs = observe(model, linears, calib)
+    calib_amax = {n: float(o.amax) for n, o in calib_obs.items()}
     eval_amax = input_amax(model, linears, windows)
-    base = perplexity(model, windows)
-    print("| variant (weights:activations:modules) | perplexity | vs float |")
-    print("|---|---:|---:|")
-    print(f"| float32 | {base:.3f} | - |", flush=True)
+    base, _, ref = ppl_and_kl(model, windows)
+    print("| variant (weights:activations:modules) | perplexity | vs float | KL to float (1e-3 nats/token) |")
+    print("|---|---:|---:|---:|")
+    print(f"| float32 | {base:.3f} | - | - |", flush=True)
     for spec in a.variants or STANDARD:
-        handles = apply_variant(spec, linears, originals, calib_amax)
-        ppl = perplexity(model, windows)
+        handles = apply_variant(spec, linears, originals, calib_obs)
+        ppl, kl, _ = ppl_and_kl(model, windows, ref)
         for h in handles:
             h.remove()
-        print(f"| `{spec}` | {ppl:.3f} | {(ppl / base - 1) * 100:+.2f}% |", flush=True)
+        print(f"| `{spec}` | {ppl:.3f} | {(ppl / base - 1) * 100:+.2f}% | {kl * 1e3:.2f} |", flush=True)
     for n, m in linears.items():
         m.weight.data = originals[n]
     ratios = sorted(((eval_amax[n] / calib_amax[n], n) for n in linears), reverse=True)

@@ -1,18 +1,18 @@
 """FP8 (E4M3) weights by absmax scaling: one scale per tensor (`fp8`) or per output channel (`fp8-dynamic`).
 
-E4M3 is a floating-point grid, so the absmax scale loses nothing to the rounding of small values the way an
-integer grid does; there is nothing to search. Schemes with static activations (`fp8`) also get one input
-scale per Linear: the absmax of its calibration inputs (seen through add_batch) with a margin.
+E4M3 is a floating-point grid, so the absmax weight scale loses nothing to the rounding of small values the way
+an integer grid does. Schemes with static activations (`fp8`) also get one input scale per Linear, chosen from
+its calibration inputs (seen through add_batch): solvers/fp8_input_scale.py.
 """
 from __future__ import annotations
 
 import torch
 
 from .. import e4m3
-from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
 from .base import LinearSolver
+from .fp8_input_scale import INPUT_MARGIN, InputScale  # noqa: F401  (INPUT_MARGIN: part of this module's API)
 
 
 def fp8_weight_scale(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = torch.float16) -> torch.Tensor:
@@ -38,40 +38,6 @@ def fp8_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype: torch.dtype = tor
     return qw
 
 
-# Static input scale = calibration absmax x INPUT_MARGIN / 448. Run-time inputs exceed what a calibration set saw:
-# on SmolLM2-135M, 95 of 210 Linears met larger inputs in held-out prose than in 2.5k calibration tokens, up to
-# 2.24x (bench/fp8_error_split.py), and a saturated outlier is ruinous (clipping at half the absmax: +63%
-# perplexity). E4M3 keeps its relative precision in every binade, so one binade of headroom only pushes the
-# smallest values one binade nearer the subnormals.
-INPUT_MARGIN = 2.0
-
-
-class InputAmax:
-    """Running absmax of a Linear's calibration inputs, for the static FP8 input scale."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.amax = torch.zeros(())
-        self.tokens = 0
-
-    def add(self, x: torch.Tensor) -> None:
-        x = x.detach().reshape(-1, x.shape[-1])
-        if not torch.isfinite(x).all():
-            raise UserError(f"NaN or Inf in the calibration inputs of {self.name}; load the model in float32 "
-                            "(--dtype float32) or check the source weights")
-        self.amax = torch.maximum(self.amax, x.abs().amax().float().cpu())
-        self.tokens += x.shape[0]
-
-    def attach(self, qw: QWeight, scale_dtype: torch.dtype) -> None:
-        if self.tokens == 0:
-            raise UserError(f"{self.name} saw no calibration tokens, so it has no static FP8 input scale; "
-                            "leave it in --ignore or use the fp8-dynamic scheme")
-        qw.input_scale = e4m3.scale_for(self.amax.reshape(1), INPUT_MARGIN, dtype=scale_dtype)
-        qw.stats["input_amax"] = float(self.amax)
-        qw.stats["input_margin"] = INPUT_MARGIN
-        qw.stats["calib_tokens"] = self.tokens
-
-
 class FP8Solver(LinearSolver):
     """Weights as above; with static activations, also the input scale from the calibration inputs.
 
@@ -84,7 +50,7 @@ class FP8Solver(LinearSolver):
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)
         self.needs_data = scheme.activations == "static"
-        self.inputs = InputAmax(name)
+        self.inputs = InputScale(name, weight)
 
     def add_batch(self, x: torch.Tensor) -> None:
         if self.needs_data:

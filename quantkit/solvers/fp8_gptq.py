@@ -4,7 +4,7 @@ E4M3 keeps 3 mantissa bits, so absmax rounding leaves every weight with up to 6%
 model that alone moves perplexity by 0-2% depending on which way the roundings happen to fall. GPTQ's column-by-
 column error compensation works for any grid, so the weight scale is fixed up front (per tensor or per output
 channel, exactly RTN's fp8 scale) and each column is rounded to E4M3 with its error pushed onto the columns not
-yet quantised. Static schemes also record their input absmax from the same calibration batches.
+yet quantised. Static schemes also choose their input scale from the same calibration batches (fp8_input_scale.py).
 """
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import torch
 
 from ..qweight import QWeight
 from ..schemes import Scheme
-from .fp8 import InputAmax
+from .fp8_input_scale import InputScale
 from .gptq import GPTQSolver
 
 
 class FP8GPTQSolver(GPTQSolver):
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)
-        self.inputs = InputAmax(name) if scheme.activations == "static" else None
+        self.inputs = InputScale(name, weight) if scheme.activations == "static" else None
 
     def add_batch(self, x: torch.Tensor) -> None:
         super().add_batch(x)

@@ -1,0 +1,104 @@
+"""The static FP8 input scale of one Linear, chosen from its calibration inputs.
+
+E4M3 is a floating-point grid: in its normal range the relative rounding error of a value depends only on where
+value/scale falls between two powers of two, so every scale in one octave [s, 2s) gives a different set of
+roundings of the same size on average, and a power-of-two change of scale gives the same roundings again. Per
+token, dynamic scales are lucky by construction (each row's largest input maps exactly onto 448); a static scale
+is not, and on SmolLM2-135M the luck of the draw moves a q_proj's output error by 10% (1.64-1.90%, relative).
+
+So the scale is searched: the calibration inputs are kept as a histogram of log2|x| (1/256 of an octave per
+bin), each entry weighted by x^2 times the squared norm of the weight column it multiplies (the diagonal of
+W^T W, so an input error counts by the output error it causes). Any candidate scale's output error is then a sum
+over the bins of E4M3's squared relative error at the bin's value, subnormals and saturation included. The
+candidates are the scales representable in the storage dtype in [absmax*margin, 2*absmax*margin)/448: the
+margin keeps the headroom for inputs larger than calibration saw, and one octave holds every rounding pattern.
+Memory is the histogram (32k floats), whatever the number of calibration tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+from .. import e4m3
+from ..errors import UserError
+
+BINS_PER_OCTAVE = 256
+LOG2_LO, LOG2_HI = -96, 32  # |x| outside [2^-96, 2^32) is clamped into the end bins; float32 inputs live well inside
+_NBINS = (LOG2_HI - LOG2_LO) * BINS_PER_OCTAVE
+# Candidate scales per octave for a float32 scale: finer steps than 0.27% only re-pick roundings that the
+# histogram's bins cannot tell apart. A 16-bit scale tries every value of its octave (128 or 1024).
+_MAX_CANDIDATES = 256
+
+# Static input scale >= calibration absmax x INPUT_MARGIN / 448. Run-time inputs exceed what a calibration set saw:
+# on SmolLM2-135M, 95 of 210 Linears met larger inputs in held-out prose than in 2.5k calibration tokens, up to
+# 2.24x (bench/fp8_error_split.py), and a saturated outlier is ruinous (clipping at half the absmax: +63%
+# perplexity). E4M3 keeps its relative precision in every binade, so one binade of headroom only pushes the
+# smallest values one binade nearer the subnormals.
+INPUT_MARGIN = 2.0
+
+
+def candidate_scales(base: float, dtype: torch.dtype) -> torch.Tensor:
+    """Scales in [base, 2*base) exactly representable in dtype, ascending; base must be representable."""
+    if torch.finfo(dtype).bits == 16:  # every value of the octave: consecutive bit patterns of a positive float
+        per_octave = round(1 / torch.finfo(dtype).eps)
+        codes = torch.tensor(base, dtype=dtype).view(torch.int16) + torch.arange(per_octave, dtype=torch.int16)
+        return codes.view(dtype).float()
+    grid = base * torch.exp2(torch.arange(_MAX_CANDIDATES, dtype=torch.float64) / _MAX_CANDIDATES)
+    return grid.to(dtype).float()
+
+
+class InputScale:
+    """Running statistics of a Linear's calibration inputs (absmax and the weighted log2 histogram)."""
+
+    def __init__(self, name: str, weight: torch.Tensor):
+        self.name = name
+        # the squared norm of each input column: an error e_j in input j moves the outputs by |W[:, j]| e_j
+        self.col_weight = weight.detach().float().pow(2).sum(0).cpu()
+        self.amax = torch.zeros(())
+        self.hist = torch.zeros(_NBINS, dtype=torch.float64)
+        self.tokens = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.detach().reshape(-1, x.shape[-1])
+        if not torch.isfinite(x).all():
+            raise UserError(f"NaN or Inf in the calibration inputs of {self.name}; load the model in float32 "
+                            "(--dtype float32) or check the source weights")
+        a = x.float().abs().cpu()
+        self.amax = torch.maximum(self.amax, a.amax())
+        energy = a * a * self.col_weight
+        # each token's errors relative to its own output: a residual stream is normalised per token downstream, so
+        # a sink token's huge inputs must not decide the roundings of every other token
+        weight = (energy / energy.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)).flatten()
+        nz = weight > 0
+        pos = ((torch.log2(a.flatten()[nz]) - LOG2_LO) * BINS_PER_OCTAVE).floor().clamp(0, _NBINS - 1).long()
+        self.hist += torch.bincount(pos, weights=weight[nz].double(), minlength=_NBINS)
+        self.tokens += x.shape[0]
+
+    def errors(self, scales: torch.Tensor) -> torch.Tensor:
+        """Estimated weighted squared output error of each candidate scale, from the histogram."""
+        used = torch.nonzero(self.hist).flatten()
+        centers = torch.exp2((used.double() + 0.5) / BINS_PER_OCTAVE + LOG2_LO)
+        weight = self.hist[used]
+        out = []
+        for chunk in scales.reshape(-1, 1).split(64):  # [64, bins] at a time: bounded memory for 1024 candidates
+            q = e4m3.fake_quantize(centers.float().expand(len(chunk), -1), chunk).double()
+            out.append((weight * ((q - centers) / centers) ** 2).sum(1))
+        return torch.cat(out)
+
+    def scale(self, dtype: torch.dtype, margin: float = INPUT_MARGIN) -> tuple[torch.Tensor, dict]:
+        """The chosen scale ([1], float32 holding a dtype-representable value) and what the choice rests on."""
+        if self.tokens == 0:
+            raise UserError(f"{self.name} saw no calibration tokens, so it has no static FP8 input scale; "
+                            "leave it in --ignore or use the fp8-dynamic scheme")
+        base = e4m3.scale_for(self.amax.reshape(1), margin, dtype=dtype)
+        stats = {"input_amax": float(self.amax), "input_margin": margin, "calib_tokens": self.tokens}
+        if float(self.amax) == 0.0:  # all-zero inputs: nothing to choose, the floor scale keeps them exact
+            return base, stats
+        cands = candidate_scales(float(base), dtype)
+        err = self.errors(cands)
+        best = int(torch.argmin(err))
+        stats["input_scale_gain"] = float(1 - err[best] / err[0]) if err[0] > 0 else 0.0
+        return cands[best].reshape(1), stats
+
+    def attach(self, qw, scale_dtype: torch.dtype) -> None:
+        qw.input_scale, stats = self.scale(scale_dtype)
+        qw.stats.update(stats)
