@@ -2,10 +2,12 @@
 
 The layer is run on its calibration inputs with a recording Cache passed in: attention hands `update()` the
 keys after RoPE (and after any k-norm), exactly what an FP8 cache stores, so no per-architecture code is
-needed to reproduce the rotary embedding. Scale = absmax * margin / 448: keys and values at inference can
+needed to reproduce the rotary embedding. Scale >= absmax * margin / 448: keys and values at inference can
 exceed what calibration saw (other prompts, longer contexts, attention sinks), and on the E4M3 grid a margin
 is nearly free: relative precision is the same in every binade, so it only moves the smallest values one binade
-closer to the subnormals, while a value beyond the range would be clipped.
+closer to the subnormals, while a value beyond the range would be clipped. Within the octave above that floor
+the scale is searched like a static input scale (fp8_input_scale.py): the one whose roundings of the cached
+keys (values) cost the least, every head-dim channel counted alike, each token-head row relative to itself.
 """
 from __future__ import annotations
 
@@ -15,39 +17,43 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
-from .. import e4m3
 from ..errors import UserError
 from .base import LayerTransform
+from .fp8_input_scale import InputScale
 
 DEFAULT_MARGIN = 1.5
 
 
-class _AmaxLayer(DynamicLayer):
-    """Keeps nothing but the running absmax of what would have been cached."""
+class _ScaleLayer(DynamicLayer):
+    """Keeps nothing but the statistics of what would have been cached (absmax and log2 histogram)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.k_amax = torch.zeros(())
-        self.v_amax = torch.zeros(())
+        self.k_stats: InputScale | None = None
+        self.v_stats: InputScale | None = None
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self.k_amax = torch.maximum(self.k_amax, key_states.detach().abs().amax().float().cpu())
-        self.v_amax = torch.maximum(self.v_amax, value_states.detach().abs().amax().float().cpu())
+        if self.k_stats is None:
+            self.k_stats = InputScale("cached keys", torch.ones(1, key_states.shape[-1]))
+            self.v_stats = InputScale("cached values", torch.ones(1, value_states.shape[-1]))
+        self.k_stats.add(key_states)
+        self.v_stats.add(value_states)
         return key_states, value_states
 
 
-class AmaxRecorder(Cache):
+class ScaleRecorder(Cache):
     """A Cache that caches nothing: each forward sees an empty past, so it is a plain prefill."""
 
     def __init__(self):
-        super().__init__(layer_class_to_replicate=_AmaxLayer)
+        super().__init__(layer_class_to_replicate=_ScaleLayer)
 
-    def amax(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if layer_idx >= len(self.layers) or not isinstance(self.layers[layer_idx], _AmaxLayer):
+    def stats(self, layer_idx: int) -> tuple[InputScale, InputScale]:
+        if (layer_idx >= len(self.layers) or not isinstance(self.layers[layer_idx], _ScaleLayer)
+                or self.layers[layer_idx].k_stats is None):
             raise UserError(f"decoder layer {layer_idx} never wrote to its KV cache during calibration, so it "
                             "has no FP8 KV scale; this architecture is not supported by --kv-cache fp8")
         layer = self.layers[layer_idx]
-        return layer.k_amax, layer.v_amax
+        return layer.k_stats, layer.v_stats
 
 
 def cache_kwarg(module: nn.Module) -> str:
@@ -69,16 +75,16 @@ def attention_of(layer: nn.Module) -> tuple[str, nn.Module]:
                     "llama-style decoder layers")
 
 
-def kv_scale_tensors(prefix: str, k_amax: torch.Tensor, v_amax: torch.Tensor, dtype: torch.dtype,
+def kv_scale_tensors(prefix: str, k_stats: InputScale, v_stats: InputScale, dtype: torch.dtype,
                      margin: float = DEFAULT_MARGIN) -> dict[str, torch.Tensor]:
     """Checkpoint tensors {prefix.k_scale, prefix.v_scale}, shape [1] in the model dtype (compressed-tensors'
     layout for a per-tensor scale)."""
-    return {f"{prefix}.k_scale": e4m3.scale_for(k_amax.reshape(1), margin, dtype).to(dtype),
-            f"{prefix}.v_scale": e4m3.scale_for(v_amax.reshape(1), margin, dtype).to(dtype)}
+    return {f"{prefix}.k_scale": k_stats.scale(dtype, margin)[0].to(dtype),
+            f"{prefix}.v_scale": v_stats.scale(dtype, margin)[0].to(dtype)}
 
 
 class KVScaleObserver(LayerTransform):
-    """Pipeline transform: records each decoder layer's KV absmax over the calibration inputs.
+    """Pipeline transform: records each decoder layer's KV statistics over the calibration inputs.
 
     It runs before the layer's Linears are solved, i.e. on the float k_proj/v_proj of this layer fed by the
     already-quantised previous layers; options: {"margin": float}.
@@ -95,14 +101,14 @@ class KVScaleObserver(LayerTransform):
     def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:
         attn_name, attn = attention_of(layer)
         kw_name = cache_kwarg(layer)
-        rec = AmaxRecorder()
+        rec = ScaleRecorder()
         with torch.no_grad():
             for h, kw in zip(inputs.hidden, inputs.kwargs):
                 kw = {k: v for k, v in kw.items() if k not in ("cache", "past_key_values", "past_key_value")}
                 layer(h, **kw, **{kw_name: rec, "use_cache": True})
-        k_amax, v_amax = rec.amax(attn.layer_idx)
+        k_stats, v_stats = rec.stats(attn.layer_idx)
         prefix = f"{self.layers_name}.{layer_index}.{attn_name}"
-        tensors = kv_scale_tensors(prefix, k_amax, v_amax, self.dtype, self.margin)
+        tensors = kv_scale_tensors(prefix, k_stats, v_stats, self.dtype, self.margin)
         return {"stats": {}, "tensors": tensors}
 
 
@@ -114,7 +120,7 @@ def calibrate_kv_scales(model, samples: list[torch.Tensor], margin: float = DEFA
     from ..models.hf import decoder_layers
 
     layers_name, layers = decoder_layers(model)
-    rec = AmaxRecorder()
+    rec = ScaleRecorder()
     kw_name = cache_kwarg(model)
     dev = next(model.parameters()).device
     with torch.no_grad():
@@ -124,6 +130,6 @@ def calibrate_kv_scales(model, samples: list[torch.Tensor], margin: float = DEFA
     out = {}
     for i, layer in enumerate(layers):
         attn_name, attn = attention_of(layer)
-        k, v = rec.amax(attn.layer_idx)
+        k, v = rec.stats(attn.layer_idx)
         out.update(kv_scale_tensors(f"{layers_name}.{i}.{attn_name}", k, v, dtype, margin))
     return out
