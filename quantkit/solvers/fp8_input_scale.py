@@ -52,18 +52,22 @@ class InputScale:
     def __init__(self, name: str, weight: torch.Tensor):
         self.name = name
         # the squared norm of each input column: an error e_j in input j moves the outputs by |W[:, j]| e_j
-        self.col_weight = weight.detach().float().pow(2).sum(0).cpu()
+        self.col_weight = weight.detach().float().pow(2).sum(0)
         self.amax = torch.zeros(())
         self.hist = torch.zeros(_NBINS, dtype=torch.float64)
         self.tokens = 0
 
     def add(self, x: torch.Tensor) -> None:
+        """Count a batch of inputs [..., in]; the work runs where x lives (a GPU pipeline's activations stay put)."""
         x = x.detach().reshape(-1, x.shape[-1])
         if not torch.isfinite(x).all():
             raise UserError(f"NaN or Inf in the calibration inputs of {self.name}; load the model in float32 "
                             "(--dtype float32) or check the source weights")
-        a = x.float().abs().cpu()
-        self.amax = torch.maximum(self.amax, a.amax())
+        dev = x.device
+        if self.hist.device != dev:
+            self.hist, self.col_weight = self.hist.to(dev), self.col_weight.to(dev)
+        a = x.float().abs()
+        self.amax = torch.maximum(self.amax.to(dev), a.amax())
         energy = a * a * self.col_weight
         # each token's errors relative to its own output: a residual stream is normalised per token downstream, so
         # a sink token's huge inputs must not decide the roundings of every other token
@@ -75,9 +79,10 @@ class InputScale:
 
     def errors(self, scales: torch.Tensor) -> torch.Tensor:
         """Estimated weighted squared output error of each candidate scale, from the histogram."""
-        used = torch.nonzero(self.hist).flatten()
+        hist = self.hist.cpu()
+        used = torch.nonzero(hist).flatten()
         centers = torch.exp2((used.double() + 0.5) / BINS_PER_OCTAVE + LOG2_LO)
-        weight = self.hist[used]
+        weight = hist[used]
         out = []
         for chunk in scales.reshape(-1, 1).split(64):  # [64, bins] at a time: bounded memory for 1024 candidates
             q = e4m3.fake_quantize(centers.float().expand(len(chunk), -1), chunk).double()
@@ -89,7 +94,7 @@ class InputScale:
         if self.tokens == 0:
             raise UserError(f"{self.name} saw no calibration tokens, so it has no static FP8 input scale; "
                             "leave it in --ignore or use the fp8-dynamic scheme")
-        base = e4m3.scale_for(self.amax.reshape(1), margin, dtype=dtype)
+        base = e4m3.scale_for(self.amax.cpu().reshape(1), margin, dtype=dtype)
         stats = {"input_amax": float(self.amax), "input_margin": margin, "calib_tokens": self.tokens}
         if float(self.amax) == 0.0:  # all-zero inputs: nothing to choose, the floor scale keeps them exact
             return base, stats
