@@ -72,9 +72,9 @@ class InputScale:
         # each token's errors relative to its own output: a residual stream is normalised per token downstream, so
         # a sink token's huge inputs must not decide the roundings of every other token
         weight = (energy / energy.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)).flatten()
-        nz = weight > 0
-        pos = ((torch.log2(a.flatten()[nz]) - LOG2_LO) * BINS_PER_OCTAVE).floor().clamp(0, _NBINS - 1).long()
-        self.hist += torch.bincount(pos, weights=weight[nz].double(), minlength=_NBINS)
+        # a zero input lands in bin 0 (log2 0 = -inf, clamped) with weight 0: no mask needed
+        pos = ((torch.log2(a.flatten()) - LOG2_LO) * BINS_PER_OCTAVE).floor().clamp(0, _NBINS - 1).long()
+        self.hist += torch.bincount(pos, weights=weight.double(), minlength=_NBINS)
         self.tokens += x.shape[0]
 
     def errors(self, scales: torch.Tensor) -> torch.Tensor:
