@@ -12,7 +12,8 @@ W^T W, so an input error counts by the output error it causes). Any candidate sc
 over the bins of E4M3's squared relative error at the bin's value, subnormals and saturation included. The
 candidates are the scales representable in the storage dtype in [absmax*margin, 2*absmax*margin)/448: the
 margin keeps the headroom for inputs larger than calibration saw, and one octave holds every rounding pattern.
-Memory is the histogram (32k floats), whatever the number of calibration tokens.
+Memory is the histogram (32k floats), whatever the number of calibration tokens. The FP8 KV cache's k_scale and
+v_scale are chosen the same way (kv_scales.py), with every head-dim channel weighted alike.
 """
 from __future__ import annotations
 
