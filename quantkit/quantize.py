@@ -17,7 +17,7 @@ from .models.hf import decoder_layers
 from .qweight import QWeight
 from .recipe import Recipe
 from .schemes import Scheme, get_scheme
-from .solvers.base import LayerTransform, LinearSolver
+from .solvers.base import LayerTransform, LinearSolver, share_inputs
 from .targets import matches
 
 
@@ -254,6 +254,7 @@ def _sequential(model, layers, layers_name, plan, modules, samples, transforms, 
             if any(s.needs_data for s in solvers.values()):
                 capture.feed_group(layer, group, inputs,
                                    lambda mod, x: solvers[mod].add_batch(x.reshape(-1, x.shape[-1])), prog.sample)
+                share_inputs(list(solvers.values()))
             for m, s in solvers.items():
                 solve(names[m], s)
         inputs = capture.LayerInputs(capture.run_layer(layer, inputs), inputs.kwargs)

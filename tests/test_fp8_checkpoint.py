@@ -173,3 +173,37 @@ def test_kv_scales_come_from_the_cached_keys_with_margin_for_any_weight_scheme(t
     for i in range(2):
         attn = loaded.model.layers[i].self_attn
         assert attn.k_scale.item() == res.tensors[f"model.layers.{i}.self_attn.k_scale"].item()
+
+
+@pytest.mark.parametrize("method", ["rtn", "gptq"])
+def test_linears_reading_one_input_share_one_static_input_scale(tmp_path, method):
+    """q/k/v read one tensor, gate/up another: an engine that fuses them quantises that tensor once (vLLM keeps
+    the largest scale), so each group gets one scale, chosen on the group's summed error; o and down keep theirs."""
+    float_model = _model(seed=4)
+    res = _quantize(tmp_path / "out", copy.deepcopy(float_model), {"scheme": "fp8", "method": method})
+    # the reference: each Linear's own statistics over its calibration inputs, merged per group. Layer 0 sees the
+    # embeddings; its MLP sees the attention output with q/k/v/o already quantised (the pipeline solves in order)
+    mods = dict(float_model.named_modules())
+    for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        mods[f"model.layers.0.self_attn.{p}"].weight.data = res.qweights[f"model.layers.0.self_attn.{p}"].dequantize()
+    groups = [["q_proj", "k_proj", "v_proj"], ["gate_proj", "up_proj"]]
+    names = [f"model.layers.0.{'self_attn' if g[0] == 'q_proj' else 'mlp'}.{p}" for g in groups for p in g]
+    stats = {n: InputScale(n, mods[n].weight) for n in names}
+    hooks = [mods[n].register_forward_pre_hook(lambda _m, a, n=n: stats[n].add(a[0])) for n in names]
+    with torch.no_grad():
+        for ids in _samples():
+            float_model(ids.reshape(1, -1))
+    for h in hooks:
+        h.remove()
+    disagree = 0
+    for prefix, members in (("model.layers.0.self_attn.", groups[0]), ("model.layers.0.mlp.", groups[1])):
+        scales = [res.qweights[prefix + p].input_scale for p in members]
+        assert all(torch.equal(s, scales[0]) for s in scales[1:]), prefix
+        parts = [stats[prefix + p] for p in members]
+        want = parts[0].merged(parts[1:]).scale(torch.float16)[0]
+        assert torch.equal(scales[0], want), prefix
+        disagree += len({float(p.scale(torch.float16)[0]) for p in parts}) > 1
+    assert disagree  # on their own, the members would have chosen different scales: the sharing is exercised
+    for i in range(2):  # o_proj and down_proj read tensors of their own
+        assert res.qweights[f"model.layers.{i}.self_attn.o_proj"].input_scale is not None
+        assert res.qweights[f"model.layers.{i}.mlp.down_proj"].input_scale is not None

@@ -29,6 +29,23 @@ class LinearSolver:
         raise NotImplementedError
 
 
+def share_inputs(solvers: list[LinearSolver]) -> None:
+    """Give the static-activation solvers of Linears that read one tensor (q/k/v, gate/up) one set of input
+    statistics, once all batches are in, so they choose one input scale.
+
+    Engines that fuse those Linears into one matmul quantise the shared input once: vLLM keeps the largest of the
+    fused Linears' input scales, which would re-round the inputs of every Linear whose own scale was smaller.
+    """
+    stats = [s.inputs for s in solvers
+             if getattr(s, "inputs", None) is not None and s.scheme.activations == "static"]
+    if len(stats) < 2:
+        return
+    merged = stats[0].merged(stats[1:])
+    for s in solvers:
+        if getattr(s, "inputs", None) is not None and s.scheme.activations == "static":
+            s.inputs = merged
+
+
 class LayerTransform:
     """A change applied to a whole decoder layer before its Linears are solved (AWQ scaling, KV observers).
 

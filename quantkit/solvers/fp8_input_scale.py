@@ -78,6 +78,21 @@ class InputScale:
         self.hist += torch.bincount(pos, weights=weight.double(), minlength=_NBINS)
         self.tokens += x.shape[0]
 
+    def merged(self, others: list["InputScale"]) -> "InputScale":
+        """Statistics of Linears that read the same inputs, scored together: the sum of each one's per-token
+        relative output error (the histograms add; absmax and token counts are the same inputs seen again)."""
+        out = InputScale(self.name, torch.zeros(1, 1))
+        out.col_weight = self.col_weight
+        out.hist = self.hist.clone()
+        out.amax, out.tokens = self.amax, self.tokens
+        for o in others:
+            if o.tokens != self.tokens:
+                raise ValueError(f"{o.name} saw {o.tokens} calibration tokens and {self.name} {self.tokens}: "
+                                 "they do not read the same inputs")
+            out.hist += o.hist.to(out.hist.device)
+            out.amax = torch.maximum(out.amax, o.amax.to(out.amax.device))
+        return out
+
     def errors(self, scales: torch.Tensor) -> torch.Tensor:
         """Estimated weighted squared output error of each candidate scale, from the histogram."""
         hist = self.hist.cpu()
