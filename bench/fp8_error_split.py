@@ -5,8 +5,8 @@
 
 A variant is WEIGHTS:ACTIVATIONS[:MODULES]. WEIGHTS is tensor or channel (absmax E4M3 rounding of the weights,
 optionally @F to multiply the scale by F), empty for float weights; ACTIVATIONS is token (per-token dynamic) or
-static (calibration absmax, optionally @M as the margin) or search (the scale the checkpoint path picks:
-searched in [margin, 2 x margin) x absmax, solvers/fp8_input_scale.py, @M as for static), empty for float inputs; MODULES is a comma list of name
+static (calibration absmax, optionally @M as the margin) or search (the scale the checkpoint path picks, here
+per Linear, without sharing between q/k/v: solvers/fp8_input_scale.py, @M as for static), empty for float inputs; MODULES is a comma list of name
 fragments limiting the variant to the Linears whose names contain one (default every Linear but lm_head).
 Everything is fake-quantised in float32 on the float model (quantkit.e4m3, the rounding the checkpoint path
 uses), so the rows isolate one source of error each; bench/fp8_quality.py runs the real checkpoints.
