@@ -4,10 +4,11 @@
     python bench/fp8_error_split.py "channel:" ":token:down_proj"    # your own variants
 
 A variant is WEIGHTS:ACTIVATIONS[:MODULES]. WEIGHTS is tensor or channel (absmax E4M3 rounding of the weights,
-optionally @F to multiply the scale by F), empty for float weights; ACTIVATIONS is token (per-token dynamic) or
-static (calibration absmax, optionally @M as the margin) or search (the scale the checkpoint path picks, here
-per Linear, without sharing between q/k/v: solvers/fp8_input_scale.py, @M as for static), empty for float inputs; MODULES is a comma list of name
-fragments limiting the variant to the Linears whose names contain one (default every Linear but lm_head).
+optionally @F to multiply the scale by F), empty for float weights. ACTIVATIONS is token (per-token dynamic),
+static (calibration absmax, optionally @M as the margin), search (the scale the checkpoint path picks, here per
+Linear, without sharing between q/k/v: solvers/fp8_input_scale.py, @M as for static), or empty for float inputs.
+MODULES is a comma list of name fragments limiting the variant to the Linears whose names contain one (default
+every Linear but lm_head).
 Everything is fake-quantised in float32 on the float model (quantkit.e4m3, the rounding the checkpoint path
 uses), so the rows isolate one source of error each; bench/fp8_quality.py runs the real checkpoints.
 
