@@ -167,3 +167,69 @@ def test_merged_statistics_choose_the_scale_best_for_the_group():
     other.add(x[:10])
     with pytest.raises(ValueError, match="same inputs"):
         parts[0].merged([other])
+
+
+def test_float32_candidates_span_the_octave_evenly():
+    base = 0.0123
+    c = candidate_scales(base, torch.float32).double()
+    steps = c[1:] / c[:-1]
+    # 256 steps of 2^(1/256) from base: the last one is 2^(255/256) x base, the whole octave less one step
+    assert float(c[0]) == pytest.approx(base, rel=1e-7)
+    assert float(c[-1]) == pytest.approx(base * 2 ** (255 / 256), rel=1e-6)
+    assert torch.allclose(steps, torch.full_like(steps, 2 ** (1 / 256)), rtol=1e-6)
+
+
+def test_float16_scales_near_the_top_of_the_range_stay_finite():
+    """A float32 model writes float16 scales; inputs of ~8e6 put the octave across float16's largest value."""
+    x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) * 1e6
+    x[0, 0] = 8e6
+    obs = InputScale("model.layers.3.mlp.down_proj", torch.randn(4, 8))
+    obs.add(x)
+    scale, _ = obs.scale(torch.float16)
+    assert torch.isfinite(scale).all() and float(scale) >= 8e6 * INPUT_MARGIN / 448 * (1 - 2 ** -10)
+    obs.add(torch.full((1, 8), 3e7))  # beyond any float16 scale with the margin: a clear error, not inf
+    with pytest.raises(UserError, match="layers.3.mlp.down_proj.*--dtype bfloat16"):
+        obs.scale(torch.float16)
+
+
+def test_large_batches_are_scored_in_chunks_with_the_same_result(monkeypatch):
+    import quantkit.solvers.fp8_input_scale as fis
+
+    g = torch.Generator().manual_seed(8)
+    x = activations(g)
+    w = torch.randn(16, x.shape[1], generator=g)
+    whole = InputScale("l", w)
+    whole.add(x)
+    monkeypatch.setattr(fis, "_CHUNK_ELEMENTS", 5 * x.shape[1])  # 5 rows at a time
+    chunked = InputScale("l", w)
+    chunked.add(x)
+    assert torch.allclose(whole.hist, chunked.hist, rtol=1e-12) and whole.tokens == chunked.tokens
+    assert float(whole.amax) == float(chunked.amax)
+
+
+def test_share_inputs_touches_only_static_fp8_solvers():
+    """A group may mix schemes (per-module targets): only the static FP8 members share statistics."""
+    from quantkit.solvers.base import share_inputs
+    from quantkit.solvers.fp8_gptq import FP8GPTQSolver
+    from quantkit.solvers.rtn import RTNSolver
+
+    g = torch.Generator().manual_seed(9)
+    x = activations(g)
+    w = [torch.randn(16, x.shape[1], generator=g) for _ in range(4)]
+    q = FP8Solver("q", w[0], get_scheme("fp8"), {})
+    k = FP8GPTQSolver("k", w[1], get_scheme("fp8"), {})
+    v = FP8Solver("v", w[2], get_scheme("fp8-dynamic"), {})
+    o = RTNSolver("o", w[3], get_scheme("w4a16"), {})
+    for s in (q, k, v, o):
+        s.add_batch(x)
+    own_q = q.inputs
+    share_inputs([q, k, v, o])
+    assert q.inputs is k.inputs and q.inputs is not own_q and v.inputs is None
+    assert torch.allclose(q.inputs.hist, own_q.hist + _stats(x, w[1]))  # q's and k's own, summed
+    assert q.solve().input_scale.equal(k.solve().input_scale) and v.solve().input_scale is None
+
+
+def _stats(x, w):
+    s = InputScale("k", w)
+    s.add(x)
+    return s.hist

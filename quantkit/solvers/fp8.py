@@ -50,7 +50,7 @@ class FP8Solver(LinearSolver):
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)
         self.needs_data = scheme.activations == "static"
-        self.inputs = InputScale(name, weight)
+        self.inputs = InputScale(name, weight) if self.needs_data else None
 
     def add_batch(self, x: torch.Tensor) -> None:
         if self.needs_data:

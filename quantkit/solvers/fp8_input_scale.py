@@ -28,6 +28,7 @@ _NBINS = (LOG2_HI - LOG2_LO) * BINS_PER_OCTAVE
 # Candidate scales per octave for a float32 scale: finer steps than 0.27% only re-pick roundings that the
 # histogram's bins cannot tell apart. A 16-bit scale tries every value of its octave (128 or 1024).
 _MAX_CANDIDATES = 256
+_CHUNK_ELEMENTS = 1 << 22  # inputs scored per step in add(): 16 MB of float32
 
 # Static input scale >= calibration absmax x INPUT_MARGIN / 448. Run-time inputs exceed what a calibration set saw:
 # on SmolLM2-135M, 95 of 210 Linears met larger inputs in held-out prose than in 2.5k calibration tokens, up to
@@ -42,9 +43,11 @@ def candidate_scales(base: float, dtype: torch.dtype) -> torch.Tensor:
     if torch.finfo(dtype).bits == 16:  # every value of the octave: consecutive bit patterns of a positive float
         per_octave = round(1 / torch.finfo(dtype).eps)
         codes = torch.tensor(base, dtype=dtype).view(torch.int16) + torch.arange(per_octave, dtype=torch.int16)
-        return codes.view(dtype).float()
-    grid = base * torch.exp2(torch.arange(_MAX_CANDIDATES, dtype=torch.float64) / _MAX_CANDIDATES)
-    return grid.to(dtype).float()
+        c = codes.view(dtype).float()
+    else:
+        c = (base * torch.exp2(torch.arange(_MAX_CANDIDATES, dtype=torch.float64) / _MAX_CANDIDATES)).to(dtype).float()
+    # near the top of a 16-bit range the octave runs into inf and NaN bit patterns: never a scale
+    return c[torch.isfinite(c)]
 
 
 class InputScale:
@@ -67,15 +70,18 @@ class InputScale:
         dev = x.device
         if self.hist.device != dev:
             self.hist, self.col_weight = self.hist.to(dev), self.col_weight.to(dev)
-        a = x.float().abs()
-        self.amax = torch.maximum(self.amax.to(dev), a.amax())
-        energy = a * a * self.col_weight
-        # each token's errors relative to its own output: a residual stream is normalised per token downstream, so
-        # a sink token's huge inputs must not decide the roundings of every other token
-        weight = (energy / energy.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)).flatten()
-        # a zero input lands in bin 0 (log2 0 = -inf, clamped) with weight 0: no mask needed
-        pos = ((torch.log2(a.flatten()) - LOG2_LO) * BINS_PER_OCTAVE).floor().clamp(0, _NBINS - 1).long()
-        self.hist += torch.bincount(pos, weights=weight.double(), minlength=_NBINS)
+        self.amax = torch.maximum(self.amax.to(dev), x.abs().amax().float())
+        # rows in chunks: the temporaries are a few times the chunk, not the batch (a 70B down_proj's batch of
+        # 2048 tokens is 235 MB in float32)
+        for rows in x.split(max(1, _CHUNK_ELEMENTS // x.shape[1])):
+            a = rows.float().abs()
+            energy = a * a * self.col_weight
+            # each token's errors relative to its own output: a residual stream is normalised per token
+            # downstream, so a sink token's huge inputs must not decide the roundings of every other token
+            weight = (energy / energy.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)).flatten()
+            # a zero input lands in bin 0 (log2 0 = -inf, clamped) with weight 0: no mask needed
+            pos = ((torch.log2(a.flatten()) - LOG2_LO) * BINS_PER_OCTAVE).floor().clamp(0, _NBINS - 1).long()
+            self.hist += torch.bincount(pos, weights=weight.double(), minlength=_NBINS)
         self.tokens += x.shape[0]
 
     def merged(self, others: list["InputScale"]) -> "InputScale":
@@ -115,6 +121,9 @@ class InputScale:
         if float(self.amax) == 0.0:  # all-zero inputs: nothing to choose, the floor scale keeps them exact
             return base, stats
         cands = candidate_scales(float(base), dtype)
+        if len(cands) == 0:
+            raise UserError(f"the calibration inputs of {self.name} reach {float(self.amax):.3g}, too large for a "
+                            f"{str(dtype).removeprefix('torch.')} scale; quantise with --dtype bfloat16")
         err = self.errors(cands)
         best = int(torch.argmin(err))
         stats["input_scale_gain"] = float(1 - err[best] / err[0]) if err[0] > 0 else 0.0
