@@ -6,13 +6,14 @@ roundings of the same size on average, and a power-of-two change of scale gives 
 token, dynamic scales are lucky by construction (each row's largest input maps exactly onto 448); a static scale
 is not, and on SmolLM2-135M the luck of the draw moves a q_proj's output error by 10% (1.64-1.90%, relative).
 
-So the scale is searched: the calibration inputs are kept as a histogram of log2|x| (1/256 of an octave per
-bin), each entry weighted by x^2 times the squared norm of the weight column it multiplies (the diagonal of
+So the scale is searched: the calibration inputs are kept as a histogram over their float32 exponent and top 8
+mantissa bits (256 bins per octave, each at most 0.4% wide, read off the bit pattern with a shift), each entry
+weighted by x^2 times the squared norm of the weight column it multiplies (the diagonal of
 W^T W, so an input error counts by the output error it causes). Any candidate scale's output error is then a sum
 over the bins of E4M3's squared relative error at the bin's value, subnormals and saturation included. The
 candidates are the scales representable in the storage dtype in [absmax*margin, 2*absmax*margin)/448: the
 margin keeps the headroom for inputs larger than calibration saw, and one octave holds every rounding pattern.
-Memory is the histogram (32k floats), whatever the number of calibration tokens. The FP8 KV cache's k_scale and
+Memory is the histogram (64k floats), whatever the number of calibration tokens. The FP8 KV cache's k_scale and
 v_scale are chosen the same way (kv_scales.py), with every head-dim channel weighted alike.
 """
 from __future__ import annotations
@@ -22,9 +23,9 @@ import torch
 from .. import e4m3
 from ..errors import UserError
 
-BINS_PER_OCTAVE = 256
-LOG2_LO, LOG2_HI = -96, 32  # |x| outside [2^-96, 2^32) is clamped into the end bins; float32 inputs live well inside
-_NBINS = (LOG2_HI - LOG2_LO) * BINS_PER_OCTAVE
+# A non-negative float32's bits >> 15 are its 8 exponent bits and top 8 mantissa bits: the bin, with no log2.
+_BIN_SHIFT = 15
+_NBINS = 1 << 16
 # Candidate scales per octave for a float32 scale: finer steps than 0.27% only re-pick roundings that the
 # histogram's bins cannot tell apart. A 16-bit scale tries every value of its octave (128 or 1024).
 _MAX_CANDIDATES = 256
@@ -79,9 +80,9 @@ class InputScale:
             # each token's errors relative to its own output: a residual stream is normalised per token
             # downstream, so a sink token's huge inputs must not decide the roundings of every other token
             weight = (energy / energy.sum(1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)).flatten()
-            # a zero input lands in bin 0 (log2 0 = -inf, clamped) with weight 0: no mask needed
-            pos = ((torch.log2(a.flatten()) - LOG2_LO) * BINS_PER_OCTAVE).floor().clamp(0, _NBINS - 1).long()
-            self.hist += torch.bincount(pos, weights=weight.double(), minlength=_NBINS)
+            # a zero input lands in bin 0 with weight 0: no mask needed
+            pos = (a.view(torch.int32) >> _BIN_SHIFT).flatten()
+            self.hist += torch.bincount(pos, weights=weight, minlength=_NBINS).double()
         self.tokens += x.shape[0]
 
     def merged(self, others: list["InputScale"]) -> "InputScale":
@@ -103,7 +104,8 @@ class InputScale:
         """Estimated weighted squared output error of each candidate scale, from the histogram."""
         hist = self.hist.cpu()
         used = torch.nonzero(hist).flatten()
-        centers = torch.exp2((used.double() + 0.5) / BINS_PER_OCTAVE + LOG2_LO)
+        # each bin's midpoint: its bit pattern with the highest of the dropped mantissa bits set
+        centers = ((used.int() << _BIN_SHIFT) | (1 << (_BIN_SHIFT - 1))).view(torch.float32).double()
         weight = hist[used]
         out = []
         for chunk in scales.reshape(-1, 1).split(64):  # [64, bins] at a time: bounded memory for 1024 candidates
