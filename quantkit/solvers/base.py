@@ -36,14 +36,12 @@ def share_inputs(solvers: list[LinearSolver]) -> None:
     Engines that fuse those Linears into one matmul quantise the shared input once: vLLM keeps the largest of the
     fused Linears' input scales, which would re-round the inputs of every Linear whose own scale was smaller.
     """
-    stats = [s.inputs for s in solvers
-             if getattr(s, "inputs", None) is not None and s.scheme.activations == "static"]
-    if len(stats) < 2:
+    static = [s for s in solvers if getattr(s, "inputs", None) is not None and s.scheme.activations == "static"]
+    if len(static) < 2:
         return
-    merged = stats[0].merged(stats[1:])
-    for s in solvers:
-        if getattr(s, "inputs", None) is not None and s.scheme.activations == "static":
-            s.inputs = merged
+    merged = static[0].inputs.merged([s.inputs for s in static[1:]])
+    for s in static:
+        s.inputs = merged
 
 
 class LayerTransform:

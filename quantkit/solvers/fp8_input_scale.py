@@ -18,6 +18,8 @@ v_scale are chosen the same way (kv_scales.py), with every head-dim channel weig
 """
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .. import e4m3
@@ -88,10 +90,8 @@ class InputScale:
     def merged(self, others: list["InputScale"]) -> "InputScale":
         """Statistics of Linears that read the same inputs, scored together: the sum of each one's per-token
         relative output error (the histograms add; absmax and token counts are the same inputs seen again)."""
-        out = InputScale(self.name, torch.zeros(1, 1))
-        out.col_weight = self.col_weight
+        out = copy.copy(self)
         out.hist = self.hist.clone()
-        out.amax, out.tokens = self.amax, self.tokens
         for o in others:
             if o.tokens != self.tokens:
                 raise ValueError(f"{o.name} saw {o.tokens} calibration tokens and {self.name} {self.tokens}: "
