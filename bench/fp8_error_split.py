@@ -18,7 +18,6 @@ static input scale carries a margin (solvers/fp8.py INPUT_MARGIN).
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from fp8_quality import perplexity  # noqa: E402
 from quality_common import load_model  # noqa: E402
 
 STANDARD = [
@@ -35,21 +35,6 @@ STANDARD = [
     "tensor@1.013:", "tensor@1.031:", "channel@1.02:", "channel@1.05:",
     ":token:q_proj,k_proj,v_proj", ":token:o_proj", ":token:gate_proj,up_proj", ":token:down_proj",
 ]
-
-
-def input_amax(model, linears: dict, samples) -> dict[str, float]:
-    seen: dict[str, float] = {}
-
-    def hook(name):
-        return lambda _m, args: seen.__setitem__(name, max(seen.get(name, 0.0), float(args[0].abs().amax())))
-
-    handles = [m.register_forward_pre_hook(hook(n)) for n, m in linears.items()]
-    with torch.no_grad():
-        for s in samples:
-            model(input_ids=s.reshape(1, -1))
-    for h in handles:
-        h.remove()
-    return seen
 
 
 def observe(model, linears: dict, samples) -> dict:
@@ -93,23 +78,6 @@ def apply_variant(spec: str, linears: dict, originals: dict, calib: dict) -> lis
     return handles
 
 
-@torch.no_grad()
-def ppl_and_kl(model, windows: list, ref: list | None = None) -> tuple[float, float, list]:
-    """Perplexity, mean per-token KL(ref || model) in nats (0 without ref) and this model's log-probs.
-
-    KL against the float model ranks variants by how far they move the whole next-token distribution, which on
-    2.5k evaluation tokens is far less noisy than a perplexity difference (whose sign is partly luck)."""
-    nll, kl, count, out = 0.0, 0.0, 0, []
-    for i, w in enumerate(windows):
-        lp = torch.log_softmax(model(input_ids=w.reshape(1, -1), use_cache=False).logits[0, :-1].float(), -1)
-        nll -= float(lp.gather(-1, w[1:, None]).sum())
-        count += lp.shape[0]
-        if ref is not None:
-            kl += float((ref[i].exp() * (ref[i] - lp)).sum())
-        out.append(lp)
-    return math.exp(nll / count), kl / count, out
-
-
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("variants", nargs="*", help="WEIGHTS:ACTIVATIONS[:MODULES] (default: a standard list)")
@@ -135,14 +103,14 @@ def main(argv=None) -> None:
     originals = {n: m.weight.data.clone() for n, m in linears.items()}
     calib_obs = observe(model, linears, calib)
     calib_amax = {n: float(o.amax) for n, o in calib_obs.items()}
-    eval_amax = input_amax(model, linears, windows)
-    base, _, ref = ppl_and_kl(model, windows)
+    eval_amax = {n: float(o.amax) for n, o in observe(model, linears, windows).items()}
+    base, _, _, ref = perplexity(model, windows, False, keep=True)
     print("| variant (weights:activations:modules) | perplexity | vs float | KL to float (1e-3 nats/token) |")
     print("|---|---:|---:|---:|")
     print(f"| float32 | {base:.3f} | - | - |", flush=True)
     for spec in a.variants or STANDARD:
         handles = apply_variant(spec, linears, originals, calib_obs)
-        ppl, kl, _ = ppl_and_kl(model, windows, ref)
+        ppl, _, kl, _ = perplexity(model, windows, False, ref)
         for h in handles:
             h.remove()
         print(f"| `{spec}` | {ppl:.3f} | {(ppl / base - 1) * 100:+.2f}% | {kl * 1e3:.2f} |", flush=True)

@@ -51,10 +51,12 @@ for _label in [lb for lb, (q, kv) in ROWS.items() if q and q["scheme"].startswit
 
 
 @torch.no_grad()
-def perplexity(model, windows, fp8_kv: bool, ref: list | None = None) -> tuple[float, float, float | None, list]:
-    """(perplexity, KV bytes per token, mean KL(ref || model) per token or None, log-probs): one window at a time,
-    through a fresh cache each. KL to the float model's next-token distributions ranks rows with far less noise
-    than a perplexity difference on a few thousand tokens, whose sign is partly the luck of the roundings."""
+def perplexity(model, windows, fp8_kv: bool, ref: list | None = None,
+               keep: bool = False) -> tuple[float, float, float | None, list]:
+    """(perplexity, KV bytes per token, mean KL(ref || model) per token or None, log-probs if keep else []): one
+    window at a time, through a fresh cache each. KL to the float model's next-token distributions ranks rows with
+    far less noise than a perplexity difference on a few thousand tokens, whose sign is partly the luck of the
+    roundings. keep: return every window's log-probs (the reference for later calls; ~100 MB a window)."""
     from quantkit.runtime.fp8_kv_cache import FP8KVCache
     from transformers import DynamicCache
 
@@ -68,7 +70,8 @@ def perplexity(model, windows, fp8_kv: bool, ref: list | None = None) -> tuple[f
         count += lp.shape[0]
         if ref is not None:
             kl += float((ref[i].exp() * (ref[i] - lp)).sum())
-        out.append(lp)
+        if keep:
+            out.append(lp)
         kv_bytes += sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
         kv_tokens += ids.shape[1]
     return math.exp(nll / count), kv_bytes / kv_tokens, None if ref is None else kl / count, out
@@ -139,7 +142,7 @@ def main(argv=None) -> None:
     wanted = [w.strip().lower() for w in a.only.split("|")] if a.only else []
     labels = [lb for lb in ROWS if not wanted or any(w == lb.lower() or w in lb.lower() for w in wanted)]
     results = {}
-    base, _, _, ref = perplexity(load_model(model_path), windows, False)
+    base, _, _, ref = perplexity(load_model(model_path), windows, False, keep=True)
     with tempfile.TemporaryDirectory(prefix="quantkit-fp8-bench-") as workdir:
         for label in labels:
             model, seconds = build(label, model_path, calib, workdir)
