@@ -17,12 +17,12 @@ import copy
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-TEXTS = ROOT / "calibration" / "texts"
+from quantkit.shipped import shipped_dir
+
+TEXTS = shipped_dir("calibration") / "texts"
 SOURCES = {"self": "self", "local prose": str(TEXTS / "prose_calib.txt"), "code (mismatched)":
            str(TEXTS / "code_calib.txt")}
 

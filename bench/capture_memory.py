@@ -20,8 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-CALIB = ROOT / "calibration" / "texts" / "prose_calib.txt"
+from quantkit.shipped import shipped_dir
+
+CALIB = shipped_dir("calibration") / "texts" / "prose_calib.txt"
 # ~1.38B parameters, ~2.75 GB in float16: about 10x SmolLM2-135M, with the same vocabulary so its tokenizer fits
 BIG = dict(hidden_size=2048, intermediate_size=4096, num_hidden_layers=28, num_attention_heads=16,
            num_key_value_heads=16, vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=False)
@@ -143,7 +144,7 @@ def main() -> None:
     finally:
         if "big" in a.models and not a.keep_big:
             shutil.rmtree(big_dir, ignore_errors=True)
-    print(f"\ncalibration: {a.samples} x {a.seq_len} tokens of {CALIB.relative_to(ROOT)}; scheme w4a16; "
+    print(f"\ncalibration: {a.samples} x {a.seq_len} tokens of {CALIB.relative_to(CALIB.parents[2])}; scheme w4a16; "
           "'minus import' subtracts the peak RSS after importing quantkit, torch and transformers")
 
 

@@ -15,6 +15,8 @@ import json
 import time
 from pathlib import Path
 
+from quantkit.shipped import shipped_dir
+
 ROOT = Path(__file__).resolve().parents[1]
 
 VARIANTS = [  # label, recipe overrides
@@ -42,7 +44,7 @@ def _text_files(out: Path) -> tuple[Path, Path]:
 def _task_subset(per_task: int, path: Path) -> Path:
     seen: dict[str, int] = {}
     keep = []
-    for line in (ROOT / "calibration/tasks/eval_tasks.jsonl").read_text().splitlines():
+    for line in (shipped_dir("calibration") / "tasks" / "eval_tasks.jsonl").read_text().splitlines():
         rec = json.loads(line)
         if seen.get(rec["task"], 0) < per_task:
             seen[rec["task"]] = seen.get(rec["task"], 0) + 1

@@ -29,6 +29,8 @@ sys.path.insert(0, str(HERE))
 from fp8_quality import perplexity  # noqa: E402
 from quality_common import load_model  # noqa: E402
 
+from quantkit.shipped import shipped_dir  # noqa: E402
+
 STANDARD = [
     "tensor:", "channel:", ":token", ":static@1", ":static@2",
     # the same rounding with the scale nudged: how much of a perplexity change is the luck of the roundings
@@ -81,7 +83,7 @@ def apply_variant(spec: str, linears: dict, originals: dict, calib: dict) -> lis
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("variants", nargs="*", help="WEIGHTS:ACTIVATIONS[:MODULES] (default: a standard list)")
-    ap.add_argument("--calib", default=str(HERE.parent / "calibration" / "texts" / "prose_calib.txt"))
+    ap.add_argument("--calib", default=str(shipped_dir("calibration") / "texts" / "prose_calib.txt"))
     ap.add_argument("--samples", type=int, default=10)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--eval", default=str(HERE / "data" / "eval_prose.txt"))

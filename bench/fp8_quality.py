@@ -29,6 +29,8 @@ sys.path.insert(0, str(ROOT))
 
 from quality_common import load_model  # noqa: E402
 
+from quantkit.shipped import shipped_dir  # noqa: E402
+
 # label -> (recipe quant fields or None for float weights, FP8 KV cache?)
 ROWS: dict[str, tuple[dict | None, bool]] = {
     "float32": (None, False),
@@ -118,7 +120,7 @@ def build(label: str, model_path: str, calib, workdir: str):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--calib", default=str(ROOT / "calibration" / "texts" / "prose_calib.txt"),
+    ap.add_argument("--calib", default=str(shipped_dir("calibration") / "texts" / "prose_calib.txt"),
                     help="calibration spec (quantkit.data.load_calibration); real prose by default")
     ap.add_argument("--samples", type=int, default=10, help="10 x 256 tokens is all the default file holds")
     ap.add_argument("--seq-len", type=int, default=256)

@@ -33,7 +33,8 @@ def _check_group_size(v):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # strict: YAML `group_size: true` or `symmetric: "yes"` is a mistake to report, not a value to coerce
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
 class GPTQOptions(_Strict):
@@ -165,10 +166,10 @@ class Recipe(_Strict):
 # ---- presets -------------------------------------------------------------------------------------------
 
 def recipes_dir() -> Path:
-    """The shipped recipes/ folder (repository root; the package is installed editable)."""
-    import quantkit
+    """The shipped recipes/ folder: inside an installed wheel, or the checkout's for an editable install."""
+    from .shipped import shipped_dir
 
-    return Path(quantkit.__file__).resolve().parents[1] / "recipes"
+    return shipped_dir("recipes")
 
 
 def preset_names() -> list[str]:

@@ -1,4 +1,4 @@
-"""Named dataset specs: the YAML files in the repository's calibration/ folder, one dataset per file."""
+"""Named dataset specs: the YAML files in the shipped calibration/ folder, one dataset per file."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -7,9 +7,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import UserError
-
-# The repository is installed editable, so the specs live beside the package rather than inside it.
-SPEC_DIR = Path(__file__).resolve().parents[2] / "calibration"
+from ..shipped import shipped_dir
 
 
 @dataclass(frozen=True)
@@ -53,13 +51,13 @@ def _read(path: Path) -> DatasetSpec:
     return DatasetSpec(**raw)
 
 
-def known_specs(spec_dir: Path = SPEC_DIR) -> dict[str, DatasetSpec]:
+def known_specs(spec_dir: Path | None = None) -> dict[str, DatasetSpec]:
     specs = {}
-    for path in sorted(spec_dir.glob("*.yaml")):
+    for path in sorted((spec_dir or shipped_dir("calibration")).glob("*.yaml")):
         spec = _read(path)
         specs[spec.name] = spec
     return specs
 
 
-def get_spec(name: str, spec_dir: Path = SPEC_DIR) -> DatasetSpec | None:
+def get_spec(name: str, spec_dir: Path | None = None) -> DatasetSpec | None:
     return known_specs(spec_dir).get(name)
