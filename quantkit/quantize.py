@@ -292,25 +292,32 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print, lazy: bool 
     loaded instead when the checkpoint's key names need converting, it is not safetensors, or calibration
     text is sampled from the model itself.
     """
-    import platform
     from pathlib import Path
+
+    from .formats.output import OutputClaim
+    from .models.hf import resolve_model_dir
+
+    if not recipe.output:
+        raise UserError("no output folder; pass -o OUT")
+    get_scheme(recipe.quant.scheme)
+    for t in recipe.quant.targets:
+        get_scheme(t.scheme)
+    # OUT is claimed (checked, writable, locked) before any work, and held until the checkpoint is in place
+    with OutputClaim(Path(recipe.output), resolve_model_dir(recipe.model), recipe.overwrite) as claim:
+        return _job(recipe, claim, progress, lazy)
+
+
+def _job(recipe: Recipe, claim, progress, lazy: bool) -> dict:
+    import platform
 
     import transformers
 
     from . import __version__
-    from .formats.writer import check_output, write_checkpoint
+    from .formats.writer import write_checkpoint
+    from .models.hf import read_config, resolve_dtype, resolve_model_dir
     from .models.lazy import meta_tensors
 
-    if not recipe.output:
-        raise UserError("no output folder; pass -o OUT")
-    out = Path(recipe.output).expanduser()
-    check_output(out.resolve(), recipe.overwrite)
-    get_scheme(recipe.quant.scheme)
-    for t in recipe.quant.targets:
-        get_scheme(t.scheme)
     t0 = time.time()
-    from .models.hf import read_config, resolve_dtype, resolve_model_dir
-
     storage = resolve_dtype(recipe.dtype, read_config(resolve_model_dir(recipe.model)))
     model, tok, src, weights, plan = _load(recipe, lazy)
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
@@ -349,8 +356,8 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, log=print, lazy: bool 
         kv = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False,
               "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax",
               "observer_kwargs": {}}
-    path = write_checkpoint(out, model, result.qweights, plan, tok, meta, result.tensors, kv, recipe.overwrite,
-                            dtype=storage)
+    path = write_checkpoint(claim.out, model, result.qweights, plan, tok, meta, result.tensors, kv,
+                            recipe.overwrite, dtype=storage, claim=claim)
     errs = [s.get("weight_rel_error") for s in result.stats.values() if s.get("weight_rel_error") is not None]
     return {"output": str(path), "source": str(src), "layers": len(plan), "method": recipe.quant.method,
             "scheme": recipe.quant.scheme, "group_size": resolved.quant.group_size,

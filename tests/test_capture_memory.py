@@ -11,6 +11,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from test_data_support import SAMPLE, tiny_tokenizer
 
+from quantkit.errors import UserError
 from quantkit.models import lazy
 from quantkit.models.lazy import LazyWeights, open_lazy
 from quantkit.quantize import quantize_to_checkpoint
@@ -125,7 +126,9 @@ def test_missing_key_or_other_format_falls_back(tmp_path):
     tensors = load_file(src / "model.safetensors")
     del tensors["model.layers.2.self_attn.q_proj.weight"]
     save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
-    assert open_lazy(str(src), "float16") is None
+    # a weight the model needs and the files lack is an error, not a fallback: a full load would leave it random
+    with pytest.raises(UserError, match="model.layers.2.self_attn.q_proj.weight"):
+        open_lazy(str(src), "float16")
     (src / "model.safetensors").rename(src / "pytorch_model.bin")
     assert lazy.checkpoint_files(src) is None
 

@@ -62,15 +62,15 @@ def test_group_size_does_not_divide(tmp_path, cli):
 
 
 def test_output_not_empty(tmp_path, cli):
+    """A non-empty folder quantkit did not write is never replaced, --overwrite or not (test_write_safety.py
+    has the cases where --overwrite does replace: checkpoints quantkit wrote)."""
     src = make_tiny_model(tmp_path / "src", "llama")
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("precious")
-    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--group-size", "32")
-    _one_line_error(code, err, "not empty", "--overwrite")
-    assert (tmp_path / "out" / "keep.txt").read_text() == "precious"
-    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--group-size", "32", "--overwrite", "--quiet")
-    assert code == 0, err
-    assert not (tmp_path / "out" / "keep.txt").exists() and (tmp_path / "out" / "config.json").exists()
+    for extra in ([], ["--overwrite"]):
+        code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--group-size", "32", "--quiet", *extra)
+        _one_line_error(code, err, "not empty", "not a quantkit checkpoint")
+        assert (tmp_path / "out" / "keep.txt").read_text() == "precious"
 
 
 def test_unknown_scheme(tmp_path, cli):

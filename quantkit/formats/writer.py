@@ -5,27 +5,15 @@ A run that dies half-way leaves only a hidden `.OUT.partial-*` folder, never a h
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
-from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
 from .compressed_tensors import quantization_config, save_tensors, tensors_for
-
-
-def check_output(out: Path, overwrite: bool) -> None:
-    """Fail before any work is done if OUT cannot be written."""
-    if out.exists() and not out.is_dir():
-        raise UserError(f"output '{out}' exists and is a file; choose another -o path")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"output folder '{out}' is not empty; pass --overwrite or choose another -o path")
-    if not out.parent.exists():
-        raise UserError(f"the parent folder of '{out}' does not exist; create it first")
+from .output import OutputClaim
 
 
 def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], extra: dict[str, torch.Tensor],
@@ -52,11 +40,15 @@ def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], ext
 
 def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWeight], plan: dict[str, Scheme],
                      tokenizer, meta: dict, extra: dict | None = None, kv_cache_scheme: dict | None = None,
-                     overwrite: bool = False, dtype: torch.dtype | None = None) -> Path:
-    out = Path(out).resolve()
-    check_output(out, overwrite)
+                     overwrite: bool = False, dtype: torch.dtype | None = None,
+                     claim: OutputClaim | None = None) -> Path:
+    """claim: the OutputClaim the run took on OUT before its work; without one, OUT is claimed here."""
+    if claim is None:
+        with OutputClaim(out, None, overwrite) as own:
+            return write_checkpoint(out, model, qweights, plan, tokenizer, meta, extra, kv_cache_scheme,
+                                    overwrite, dtype, own)
     linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    tmp = claim.temporary()
     try:
         save_tensors(tmp, checkpoint_tensors(model, qweights, extra or {}, dtype))
         config = model.config.to_dict()
@@ -72,18 +64,7 @@ def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWei
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         (tmp / "quantkit.json").write_text(json.dumps(meta, indent=2, default=str))
-        _replace(tmp, out)
+        return claim.commit(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return out
-
-
-def _replace(tmp: Path, out: Path) -> None:
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

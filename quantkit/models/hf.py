@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
+from .shape_check import check_weights_match
 
 # Architectures whose projections are nn.Linear and that the tests exercise; other causal LMs with nn.Linear
 # projections work too, this list is what error messages point at.
@@ -20,7 +21,8 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _looks_like_path(model: str) -> bool:
-    return not _HUB_ID.match(model) or model.startswith(".")
+    """A hub id is 'org/name'; when 'org' is a local folder, 'org/name' is a mistyped path, not a hub id."""
+    return not _HUB_ID.match(model) or model.startswith(".") or Path(model.split("/")[0]).is_dir()
 
 
 def resolve_model_dir(model: str | None) -> Path:
@@ -114,6 +116,7 @@ def load_float_model(model: str | None, dtype: str = "auto", device: str = "cpu"
     src = resolve_model_dir(model)
     config = read_config(src)
     torch_dtype = resolve_dtype(dtype, config)
+    check_weights_match(src, meta_model(config, torch_dtype))
     try:
         m = AutoModelForCausalLM.from_pretrained(src, dtype=torch_dtype)
     except Exception as e:
@@ -121,6 +124,17 @@ def load_float_model(model: str | None, dtype: str = "auto", device: str = "cpu"
     m.eval()
     check_linear_projections(m)
     return m, load_tokenizer(src), src
+
+
+def meta_model(config, dtype: torch.dtype) -> nn.Module:
+    """The model CONFIG describes, on the meta device (no memory), with its tied weights tied."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        m = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    m.tie_weights()
+    return m.eval()
 
 
 def check_linear_projections(model: nn.Module) -> None:

@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .hf import (check_linear_projections, decoder_layers, load_error, load_tokenizer, read_config, resolve_dtype,
-                 resolve_model_dir)
+from .hf import (check_linear_projections, decoder_layers, load_error, load_tokenizer, meta_model, read_config,
+                 resolve_dtype, resolve_model_dir)
+from .shape_check import check_weights_match
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -150,20 +151,16 @@ def _source_keys(model: nn.Module, ckpt_keys, aliases: dict[str, list[str]]) -> 
 
 def open_lazy(model: str | None, dtype: str = "auto"):
     """(model, tokenizer or None, source folder, LazyWeights), or None when only a full load will do."""
-    from accelerate import init_empty_weights
     from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, GenerationConfig
+    from transformers import GenerationConfig
 
     src = resolve_model_dir(model)
     config = read_config(src)
     files = checkpoint_files(src)
     if files is None:
         return None
-    torch_dtype = resolve_dtype(dtype, config)
-    with init_empty_weights(include_buffers=False):
-        m = AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-    m.tie_weights()
-    m.eval()
+    m = meta_model(config, resolve_dtype(dtype, config))
+    check_weights_match(src, m)
     check_linear_projections(m)
     weights = LazyWeights(m, files, {})
     sources = _source_keys(m, files, weights.aliases)

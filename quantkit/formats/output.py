@@ -1,0 +1,188 @@
+"""The output folder of a run: claimed before any work, locked for the run, replaced only if quantkit owns it.
+
+A folder is quantkit's when it holds the `quantkit.json` the writer puts in every checkpoint. `--overwrite`
+replaces such a folder and nothing else, so a mistyped `-o .` or `-o SRC` can never delete a user's files. The
+lock is a file beside OUT (OUT itself may not exist yet) held with flock for the whole run, so two runs aimed at
+one OUT cannot both think they own it; the final rename checks again that OUT is still what was claimed.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import UserError
+
+MARKER = "quantkit.json"
+
+
+def is_checkpoint(folder: Path) -> bool:
+    return (folder / MARKER).is_file()
+
+
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def _check_not_source(out: Path, source: Path | None) -> None:
+    if source is None:
+        return
+    src = source.resolve()
+    if _inside(out, src):
+        what = "is" if out == src else "is inside"
+        raise UserError(f"output '{out}' {what} the source model '{src}'; choose an -o path outside it")
+    if _inside(src, out):
+        raise UserError(f"output '{out}' contains the source model '{src}'; choose an -o path that does not")
+
+
+def _check_existing(out: Path, overwrite: bool) -> str:
+    """What OUT is now: 'absent', 'empty' or 'checkpoint'; anything else is refused."""
+    if not out.exists():
+        if not out.parent.is_dir():
+            raise UserError(f"the parent folder of '{out}' does not exist; create it first")
+        return "absent"
+    if not out.is_dir():
+        raise UserError(f"output '{out}' exists and is a file; choose another -o path")
+    if os.path.ismount(out):  # a mount point cannot be renamed away or onto
+        raise UserError(f"output '{out}' is a mount point; checkpoints are written beside OUT and renamed into "
+                        "place, so choose a folder inside it")
+    if not any(out.iterdir()):
+        return "empty"
+    if not is_checkpoint(out):
+        raise UserError(f"output folder '{out}' is not empty and is not a quantkit checkpoint (no {MARKER}); "
+                        "quantkit replaces only folders it wrote: choose another -o path")
+    if not overwrite:
+        raise UserError(f"output folder '{out}' is not empty; pass --overwrite to replace this checkpoint or "
+                        "choose another -o path")
+    return "checkpoint"
+
+
+def _check_writable(parent: Path) -> None:
+    """Probe by writing, since permission bits do not tell about read-only mounts, and root ignores them."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".quantkit-probe-", dir=parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"cannot write in '{parent}' ({e.strerror}); choose a writable -o path") from None
+
+
+def _folder_mode(out: Path) -> int:
+    if out.is_dir():
+        return out.stat().st_mode & 0o7777
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o777 & ~mask
+
+
+class OutputClaim:
+    """Holds OUT for one run: check, lock, temporary folder, and the final rename."""
+
+    def __init__(self, out: Path, source: Path | None = None, overwrite: bool = False):
+        self.out = Path(out).expanduser().resolve()
+        self.overwrite = overwrite
+        _check_not_source(self.out, source)
+        self.state = _check_existing(self.out, overwrite)
+        _check_writable(self.out.parent)
+        self.lock_path = self.out.parent / f".{self.out.name}.quantkit-lock"
+        self._fd: int | None = None
+        self._inode = self.out.stat().st_ino if self.state != "absent" else None
+
+    # -- lock ------------------------------------------------------------------------------------------
+    def __enter__(self) -> "OutputClaim":
+        import fcntl
+
+        while True:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+                os.close(fd)
+                raise UserError(f"another quantkit run (pid {holder}) is writing '{self.out}'; wait for it to "
+                                "finish or choose another -o path") from None
+            # the previous holder may have unlinked the file between our open and our lock: lock the live file
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.lock_path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            try:
+                os.unlink(self.lock_path)
+            except FileNotFoundError:
+                pass
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+
+    # -- writing -----------------------------------------------------------------------------------------
+    def temporary(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f".{self.out.name}.partial-", dir=self.out.parent))
+
+    def _still_as_claimed(self) -> None:
+        now = "absent" if not self.out.exists() else None
+        if now is None and self.out.is_dir():
+            if self.out.stat().st_ino != self._inode:
+                now = "replaced"
+            elif self.state == "empty" and not any(self.out.iterdir()):
+                now = "empty"
+            elif self.state == "checkpoint" and is_checkpoint(self.out):
+                now = "checkpoint"
+        if now != self.state:
+            raise UserError(f"'{self.out}' changed while quantising (something else wrote there); nothing was "
+                            "replaced, choose another -o path")
+
+    def commit(self, tmp: Path) -> Path:
+        """Rename TMP to OUT, replacing OUT only if it is still the empty folder or checkpoint claimed."""
+        self._still_as_claimed()
+        # mkdtemp made TMP 0700: give it OUT's own mode, or what the user's umask gives a new folder; only now,
+        # as a read-only mode copied from OUT would have stopped the writing
+        os.chmod(tmp, _folder_mode(self.out))
+        old = None
+        if self.state != "absent":
+            old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
+            os.rename(self.out, old)
+        try:
+            _rename_noreplace(tmp, self.out)
+        except BaseException:
+            if old is not None:
+                os.rename(old, self.out)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return self.out
+
+
+_RENAME_NOREPLACE = 1
+
+
+def _rename_noreplace(src: Path, dst: Path) -> None:
+    """rename(2) that fails if DST exists (an empty folder included, which plain rename would replace)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        renameat2 = None
+    if renameat2 is not None:
+        at_fdcwd = -100
+        if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err not in (errno.EINVAL, errno.ENOSYS):  # EINVAL/ENOSYS: the file system lacks the flag
+            if err == errno.EEXIST:
+                raise UserError(f"'{dst}' appeared while quantising; nothing was replaced, choose another -o path")
+            raise OSError(err, os.strerror(err), str(dst))
+    if dst.exists():
+        raise UserError(f"'{dst}' appeared while quantising; nothing was replaced, choose another -o path")
+    os.rename(src, dst)
