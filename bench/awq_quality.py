@@ -45,7 +45,8 @@ def main(argv=None) -> None:
     import quantkit.solvers.awq as awq
     from quantkit.data import load_calibration, load_eval_windows
     from quantkit.models.embedded import embedded_model_dir
-    from quantkit.quantize import quantize_model
+    from quantkit.pipeline import quantize_model
+    from quantkit.plan import build_plan
     from quantkit.recipe import Recipe, apply_overrides
 
     if a.threads:
@@ -79,7 +80,7 @@ def main(argv=None) -> None:
             recipe = apply_overrides(Recipe(), {**W4G64, "quant.method": method, "quant.awq.duo": duo,
                                                 "quant.awq.search_tokens": budget})
             t = time.perf_counter()
-            res = quantize_model(model, recipe, calib.samples)
+            res = quantize_model(model, build_plan(model, recipe), calib.samples)
             secs = time.perf_counter() - t
             alphas = [s["awq_alpha"] for s in res.stats.values() if s.get("awq_alpha") is not None]
             clips = [s["awq_clip_mean"] for s in res.stats.values() if s.get("awq_clip_mean") is not None]

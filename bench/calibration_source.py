@@ -55,14 +55,15 @@ def gptq_available() -> bool:
 
 
 def quantize(model, method: str, samples):
-    from quantkit.quantize import quantize_model
+    from quantkit.pipeline import quantize_model
+    from quantkit.plan import build_plan
     from quantkit.recipe import Recipe
 
     # SmolLM2's 576-wide projections do not divide by 128, hence group 64.
     recipe = Recipe.model_validate({"quant": {"scheme": "w4a16", "method": method, "group_size": 64,
                                               "symmetric": True}})
     t = time.time()
-    quantize_model(model, recipe, samples)
+    quantize_model(model, build_plan(model, recipe), samples)
     return time.time() - t
 
 

@@ -67,7 +67,7 @@ def build_big(folder: Path, tokenizer_from: Path) -> Path:
 
 def run_row(model: str, method: str, lazy: bool, out: str, samples: int, seq_len: int) -> dict:
     """Runs in the child: one quantisation job, then its peak RSS."""
-    from quantkit.quantize import quantize_to_checkpoint
+    from quantkit.job import quantize_to_checkpoint
     from quantkit.recipe import Recipe
 
     floor = _peak_bytes()
@@ -75,7 +75,7 @@ def run_row(model: str, method: str, lazy: bool, out: str, samples: int, seq_len
         "model": model, "output": out, "overwrite": True, "quant": {"method": method, "scheme": "w4a16"},
         "calibration": {"spec": str(CALIB), "num_samples": samples, "seq_len": seq_len}})
     t = time.perf_counter()
-    summary = quantize_to_checkpoint(recipe, log=lambda *a: None, lazy=lazy)
+    summary = quantize_to_checkpoint(recipe, lazy=lazy)
     return {"peak": _peak_bytes(), "import_peak": floor, "seconds": time.perf_counter() - t,
             "loading": summary["loading"]}
 

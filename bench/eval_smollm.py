@@ -75,7 +75,7 @@ def main() -> None:
     from quantkit.evaluate import run_eval
     from quantkit.evaluate.report import print_tables
     from quantkit.models.embedded import embedded_model_dir
-    from quantkit.quantize import quantize_to_checkpoint
+    from quantkit.job import quantize_to_checkpoint
     from quantkit.recipe import Recipe, apply_overrides
     from quantkit.runtime.loader import load
 
@@ -99,7 +99,7 @@ def main() -> None:
                                            "calibration.spec": str(calib_text),
                                            "calibration.num_samples": args.calib_samples,
                                            "calibration.seq_len": args.seq_len, **over})
-            quantize_to_checkpoint(r, log=lambda *a: None)
+            quantize_to_checkpoint(r)
             load(ckpts / label, device=args.device)  # a checkpoint the runtime cannot load is reported, not run
             made.append(f"{label}={ckpts / label}")
             print(f"quantised {label} in {time.time() - t0:.0f} s", flush=True)

@@ -96,7 +96,8 @@ def build(label: str, model_path: str, calib, workdir: str):
     """The model of one row, ready to evaluate."""
     import quantkit
     from quantkit.formats.writer import write_checkpoint
-    from quantkit.quantize import plan_targets, quantize_model
+    from quantkit.pipeline import quantize_model
+    from quantkit.plan import build_plan
     from quantkit.recipe import Recipe
     from quantkit.runtime.loader import attach_kv_scales
     from quantkit.solvers.kv_scales import calibrate_kv_scales
@@ -109,12 +110,12 @@ def build(label: str, model_path: str, calib, workdir: str):
         return model, None
     recipe = Recipe.model_validate({"quant": {**quant, **({"kv_cache": "fp8"} if kv else {})}})
     t = time.perf_counter()
-    res = quantize_model(model, recipe, calib)
+    res = quantize_model(model, build_plan(model, recipe), calib)
     seconds = time.perf_counter() - t
     kv_scheme = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False} \
         if kv else None
     out = Path(workdir) / f"row{abs(hash(label))}"
-    write_checkpoint(out, model, res.qweights, plan_targets(model, recipe), None, {}, res.tensors, kv_scheme)
+    write_checkpoint(out, model, res.qweights, build_plan(model, recipe).schemes, None, {}, res.tensors, kv_scheme)
     return quantkit.load(out, dtype=torch.float32), seconds
 
 

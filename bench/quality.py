@@ -94,12 +94,13 @@ def run_worker(row: dict, model_path: str, tokens_path: str, out_path: str) -> N
     # from here the peak is the quantisation's own (with the float model resident), not the load's
     result["peak_reset"] = reset_peak_rss()
     if method.runner == "quantkit":
-        from quantkit.quantize import quantize_model
+        from quantkit.pipeline import quantize_model
+        from quantkit.plan import build_plan
         from quantkit.recipe import Recipe, apply_overrides
 
         recipe = apply_overrides(Recipe(), {**SCHEMES[row["scheme"]], **method.options})
         t, c = time.perf_counter(), time.process_time()
-        res = quantize_model(model, recipe, data["calib"])
+        res = quantize_model(model, build_plan(model, recipe), data["calib"])
         result["quant_seconds"] = time.perf_counter() - t
         result["quant_cpu_seconds"] = time.process_time() - c
         result["peak_rss_mb"] = peak_rss_mb()

@@ -39,7 +39,7 @@ def _check_inputs(recipe: Recipe) -> None:
 
 def run_recipe(recipe: Recipe, progress=None, skip_eval: bool = False) -> dict:
     """The whole job; returns {'quantize': summary, 'eval': {...} or None, 'gates': {...} or None}."""
-    from .quantize import quantize_to_checkpoint
+    from .job import quantize_to_checkpoint
 
     if not recipe.output:
         raise UserError("the recipe has no 'output'; add one or pass -o OUT")

@@ -8,10 +8,11 @@ import warnings
 import pytest
 import torch
 
-from quantkit import capture
+from quantkit.pipeline import capture
 from quantkit.errors import UserError
 from quantkit.models.hf import decoder_layers
-from quantkit.quantize import quantize_model
+from quantkit.pipeline import quantize_model
+from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.schemes import Scheme
 from quantkit.solvers.awq import AWQTransform, normalised_scales, weight_profile
@@ -177,7 +178,7 @@ def test_awq_block_error_below_rtn_in_95_percent_of_trials():
         for method in ("rtn", "awq"):
             m = copy.deepcopy(model)
             r = Recipe.model_validate({"quant": {"method": method, "group_size": gs, "symmetric": sym}})
-            quantize_model(m, r, calib)
+            quantize_model(m, build_plan(m, r), calib)
             errs[method] = _layer_output_error(m, model, held_out)
         wins += errs["awq"] < errs["rtn"]
     assert wins >= 19, f"AWQ beat RTN in only {wins}/{trials} trials"
@@ -258,7 +259,7 @@ def test_unmapped_architecture_is_a_user_error_naming_mapped_ones():
     model = _gpt_neox()
     r = Recipe.model_validate({"quant": {"method": "awq", "group_size": 32}})
     with pytest.raises(UserError) as e:
-        quantize_model(model, r, [torch.randint(0, 128, (16,))])
+        quantize_model(model, build_plan(model, r), [torch.randint(0, 128, (16,))])
     msg = str(e.value)
     assert "gpt_neox" in msg and "llama" in msg and "qwen3" in msg and "--awq-fallback rtn" in msg
 
@@ -270,9 +271,9 @@ def test_unmapped_architecture_falls_back_to_rtn_when_asked():
     r = Recipe.model_validate({"quant": {"method": "awq", "group_size": 32, "awq": {"fallback": "rtn"}}})
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        res = quantize_model(model, r, calib)
+        res = quantize_model(model, build_plan(model, r), calib)
     assert any("no scaling map" in str(w.message) for w in caught)
-    quantize_model(plain, Recipe.model_validate({"quant": {"method": "rtn", "group_size": 32}}))
+    quantize_model(plain, build_plan(plain, Recipe.model_validate({"quant": {"method": "rtn", "group_size": 32}})))
     for (n, a), (_, b) in zip(model.named_parameters(), plain.named_parameters()):
         assert torch.equal(a, b), n  # exactly RTN: nothing scaled, nothing clipped
     name = "gpt_neox.layers.0.attention.query_key_value"
@@ -286,7 +287,7 @@ def test_awq_search_runs_on_every_mapped_architecture(arch):
     model.get_input_embeddings().weight.data[:, :2] *= 20
     calib = [torch.randint(0, 128, (16,), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     r = Recipe.model_validate({"quant": {"method": "awq", "group_size": 32}})
-    res = quantize_model(model, r, calib)
+    res = quantize_model(model, build_plan(model, r), calib)
     arch_map = map_for(model.config)
     scaled = [f"{p}.{n}" for p in (decoder_layers(model)[0] + ".0", decoder_layers(model)[0] + ".1")
               for g in arch_map.groups for n in g.linears]

@@ -12,7 +12,9 @@ from test_data_support import SAMPLE, tiny_tokenizer
 import quantkit
 from quantkit.data import load_calibration
 from quantkit.models.hf import load_float_model
-from quantkit.quantize import quantize_model, quantize_to_checkpoint
+from quantkit.job import quantize_to_checkpoint
+from quantkit.pipeline import quantize_model
+from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 
 
@@ -68,7 +70,7 @@ def test_awq_gptq_checkpoint_loads_and_matches_the_quantised_model(tmp_path, arc
         "model": str(src), "output": str(tmp_path / "out"), "dtype": "float32",
         "quant": {"method": "awq+gptq", "group_size": 32},
         "calibration": {"spec": str(SAMPLE), "num_samples": 4, "seq_len": 32}})
-    summary = quantize_to_checkpoint(recipe, log=lambda *a: None)
+    summary = quantize_to_checkpoint(recipe)
     meta = json.loads((tmp_path / "out" / "quantkit.json").read_text())
     assert all("awq_alpha" in s for s in meta["layers"].values())
 
@@ -79,7 +81,7 @@ def test_awq_gptq_checkpoint_loads_and_matches_the_quantised_model(tmp_path, arc
     ids = torch.randint(0, 400, (2, 24), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         float_logits = model(ids).logits
-    quantize_model(model, recipe, calib.samples)
+    quantize_model(model, build_plan(model, recipe), calib.samples)
     loaded = quantkit.load(summary["output"])
     with torch.no_grad():
         want = model(ids).logits

@@ -14,7 +14,7 @@ from test_data_support import SAMPLE, tiny_tokenizer
 from quantkit.errors import UserError
 from quantkit.models import lazy
 from quantkit.models.lazy import LazyWeights, open_lazy
-from quantkit.quantize import quantize_to_checkpoint
+from quantkit.job import quantize_to_checkpoint
 from quantkit.recipe import Recipe
 
 
@@ -58,7 +58,7 @@ def test_lazy_checkpoint_is_byte_identical_to_full_load(tmp_path, arch, tied, sh
     runs = {}
     for streamed in (False, True):
         out = tmp_path / f"out-{streamed}"
-        summary = quantize_to_checkpoint(_recipe(src, out, method), log=lambda *a: None, lazy=streamed)
+        summary = quantize_to_checkpoint(_recipe(src, out, method), lazy=streamed)
         assert summary["loading"] == ("layer by layer" if streamed else "whole model")
         runs[streamed] = out
     full, streamed = _tensors(runs[False]), _tensors(runs[True])
@@ -89,7 +89,7 @@ def test_at_most_one_layer_of_float_linears_is_in_memory(tmp_path, monkeypatch, 
         seen.append((i, real_linears(self)))
 
     monkeypatch.setattr(LazyWeights, "load_layer", load_layer)
-    quantize_to_checkpoint(_recipe(src, tmp_path / "out", method), log=lambda *a: None)
+    quantize_to_checkpoint(_recipe(src, tmp_path / "out", method))
     per_layer = ["mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "self_attn.k_proj", "self_attn.o_proj",
                  "self_attn.q_proj", "self_attn.v_proj"]
     assert seen == [(i, [f"{i}.{n}" for n in per_layer]) for i in range(3)]
@@ -138,7 +138,7 @@ def test_self_generated_calibration_loads_the_whole_model(tmp_path):
     recipe = Recipe.model_validate({
         "model": str(src), "output": str(tmp_path / "out"), "quant": {"method": "gptq", "group_size": 32},
         "calibration": {"spec": "self", "num_samples": 2, "seq_len": 12}})
-    assert quantize_to_checkpoint(recipe, log=lambda *a: None)["loading"] == "whole model"
+    assert quantize_to_checkpoint(recipe)["loading"] == "whole model"
     meta = json.loads((tmp_path / "out" / "quantkit.json").read_text())
     assert meta["calibration"]["spec"] == "self"
 
@@ -146,4 +146,4 @@ def test_self_generated_calibration_loads_the_whole_model(tmp_path):
 def test_tiny_model_default_is_streamed(tmp_path):
     src = make_tiny_model(tmp_path / "t", "llama")  # no tokenizer: RTN needs none
     r = Recipe.model_validate({"model": str(src), "output": str(tmp_path / "o"), "quant": {"group_size": 32}})
-    assert quantize_to_checkpoint(r, log=lambda *a: None)["loading"] == "layer by layer"
+    assert quantize_to_checkpoint(r)["loading"] == "layer by layer"

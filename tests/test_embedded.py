@@ -39,7 +39,7 @@ def test_quantize_without_model_uses_embedded(tmp_path, cli, embedded_dir):
 
 
 def test_demo_runs_the_embedded_recipe(tmp_path, cli, monkeypatch):
-    import quantkit.quantize as qz
+    import quantkit.job as qz
 
     seen = {}
     monkeypatch.setattr(qz, "quantize_to_checkpoint", lambda recipe, progress=None: seen.setdefault("r", recipe)

@@ -24,7 +24,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, one_thread):
-    from quantkit.quantize import quantize_to_checkpoint
+    from quantkit.job import quantize_to_checkpoint
     from quantkit.recipe import Recipe, apply_overrides
 
     d = tmp_path_factory.mktemp("eval")
@@ -34,7 +34,7 @@ def run(tmp_path_factory, one_thread):
     save(perturbed(model, 0.05), d / "noisy")
     save(perturbed(model, 0.3), d / "noisier")
     quantize_to_checkpoint(apply_overrides(Recipe(), {"model": str(base), "output": str(d / "w4"),
-                                                      "quant.group_size": 32, "dtype": "float32"}), log=lambda *a: None)
+                                                      "quant.group_size": 32, "dtype": "float32"}))
     report = run_eval(f"base={base}", [f"same={d / 'same'}", f"noisy={d / 'noisy'}", f"noisier={d / 'noisier'}",
                                        f"w4={d / 'w4'}"],
                       data=str(text_file(d)), tasks=str(task_file(d)), out_dir=d / "out", seq_len=SEQ,

@@ -12,7 +12,8 @@ from transformers import DynamicCache
 import quantkit
 from quantkit.formats.writer import write_checkpoint
 from quantkit.nn_fp8 import FP8Linear
-from quantkit.quantize import plan_targets, quantize_model
+from quantkit.pipeline import quantize_model
+from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.solvers.fp8_input_scale import InputScale
 from quantkit.runtime.tiny import tiny_llama
@@ -37,9 +38,9 @@ def _samples(n=4, length=24, seed=0):
 def _quantize(out, model, quant: dict):
     """The pipeline of quantize_to_checkpoint minus model/tokenizer loading (the tiny model has no tokenizer)."""
     recipe = Recipe.model_validate({"quant": quant})
-    res = quantize_model(model, recipe, _samples())
+    res = quantize_model(model, build_plan(model, recipe), _samples())
     kv = KV_SCHEME if quant.get("kv_cache") == "fp8" else None
-    write_checkpoint(out, model, res.qweights, plan_targets(model, recipe), None, {}, res.tensors, kv)
+    write_checkpoint(out, model, res.qweights, build_plan(model, recipe).schemes, None, {}, res.tensors, kv)
     return res
 
 

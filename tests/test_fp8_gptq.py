@@ -7,7 +7,7 @@ import torch
 
 import quantkit
 from quantkit.nn_fp8 import FP8Linear
-from quantkit.quantize import needs_calibration, plan_targets, solver_for
+from quantkit.plan import build_plan, solver_for
 from quantkit.recipe import Recipe
 from quantkit.schemes import get_scheme
 from quantkit.solvers.fp8 import fp8_quantize
@@ -111,7 +111,7 @@ def test_static_solver_keeps_the_input_scale_and_dynamic_one_needs_data():
     model = _model()
     for method, want in (("rtn", False), ("gptq", True)):
         recipe = Recipe.model_validate({"quant": {"scheme": "fp8-dynamic", "method": method}})
-        assert needs_calibration(recipe, plan_targets(model, recipe)) is want
+        assert build_plan(model, recipe).needs_data is want
 
 
 def test_solver_without_tokens_falls_back_to_absmax_rounding():
@@ -145,7 +145,7 @@ def test_gptq_on_a_head_outside_the_decoder_layers_rounds_on_the_schemes_grid(sc
     """An un-ignored lm_head sees no captured activations: it is rounded to nearest on its own grid, and a static
     fp8 head, which would need its inputs for an input scale, is refused naming it."""
     from quantkit.errors import UserError
-    from quantkit.quantize import quantize_model
+    from quantkit.pipeline import quantize_model
     from quantkit.solvers.rtn import rtn_quantize
     from test_fp8_checkpoint import _samples
 
@@ -155,9 +155,9 @@ def test_gptq_on_a_head_outside_the_decoder_layers_rounds_on_the_schemes_grid(sc
                                               **({"group_size": 32} if scheme == "w4a16" else {})}})
     if scheme == "fp8":
         with pytest.raises(UserError, match="lm_head"):
-            quantize_model(model, recipe, _samples())
+            quantize_model(model, build_plan(model, recipe), _samples())
         return
-    qw = quantize_model(model, recipe, _samples()).qweights["lm_head"]
+    qw = quantize_model(model, build_plan(model, recipe), _samples()).qweights["lm_head"]
     want = fp8_quantize(head, get_scheme(scheme)) if scheme == "fp8-dynamic" else \
         rtn_quantize(head, get_scheme(scheme).with_options(group_size=32))
     assert torch.equal(qw.q.float(), want.q.float()) and torch.equal(qw.scale, want.scale)

@@ -18,7 +18,7 @@ def _progress(quiet: bool):
 
 
 def _run(recipe, quiet: bool, as_json: bool) -> None:
-    from ..quantize import quantize_to_checkpoint
+    from ..job import quantize_to_checkpoint
 
     prog = _progress(quiet or as_json)
     if prog is None:
@@ -92,12 +92,17 @@ def quantize(
     from ..recipe import Recipe, apply_overrides, load_recipe
 
     base = load_recipe(recipe) if recipe else Recipe()
-    given = dict(locals())
-    values = {field: given[flag] for flag, field in FLAG_FIELDS.items()}
-    values["overwrite"] = overwrite or None  # a plain switch: absent means "as the recipe says"
-    values["quant.ignore"] = list(ignore) if ignore else None
-    r = apply_overrides(base, values)
-    _run(r, quiet, as_json)
+    flags = dict(
+        model=model, output=output, dtype=dtype, device=device, scheme=scheme, method=method,
+        group_size=group_size, sym=sym, clip_search=clip_search, kv_cache=kv_cache, damp=damp,
+        block_size=block_size, actorder=actorder, static_groups=static_groups, awq_grid=awq_grid,
+        awq_duo=awq_duo, awq_clip=awq_clip, awq_search_tokens=awq_search_tokens, awq_fallback=awq_fallback,
+        calib=calib, num_samples=num_samples, seq_len=seq_len, seed=seed, calib_cut=calib_cut,
+        text_field=text_field, min_tokens=min_tokens,
+        overwrite=overwrite or None,  # a plain switch: absent means "as the recipe says"
+        ignore=list(ignore) if ignore else None,
+    )
+    _run(apply_overrides(base, {FLAG_FIELDS[k]: v for k, v in flags.items()}), quiet, as_json)
 
 
 @app.command("demo")

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .errors import UserError
+from ..errors import UserError
 
 
 class _Stop(Exception):

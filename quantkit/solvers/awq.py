@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch import nn
 
-from .. import capture
+from ..pipeline import capture
 from ..errors import UserError
 from ..schemes import Scheme
 from .awq_clip import GramAccumulator, apply_clip, group_width, search_clip

@@ -69,11 +69,3 @@ class FP8DynamicSolver(FP8Solver):
     pipeline (which asks the class) does not load calibration data for fp8-dynamic alone."""
 
     needs_data = False
-
-
-def solver_class(scheme: Scheme, method: str = "rtn") -> type[LinearSolver]:
-    if method in ("gptq", "awq+gptq"):
-        from .fp8_gptq import FP8GPTQSolver
-
-        return FP8GPTQSolver
-    return FP8Solver if scheme.activations == "static" else FP8DynamicSolver

@@ -1,0 +1,117 @@
+"""The quantise job: claim OUT, load the float model, plan, calibrate, run the pipeline, write the checkpoint.
+
+The plan is built once here and handed to the pipeline and the writer; OUT is claimed (checked, writable,
+locked) before anything is loaded and held until the checkpoint is renamed into place.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from .errors import UserError
+from .plan import Plan, build_plan
+from .recipe import Recipe
+from .schemes import get_scheme
+
+
+def quantize_to_checkpoint(recipe: Recipe, progress=None, lazy: bool = True) -> dict:
+    """The whole job; returns a summary for the CLI.
+
+    lazy: read one decoder layer at a time from the safetensors files (see models/lazy.py); the whole model is
+    loaded instead when the checkpoint's key names need converting, it is not safetensors, or calibration
+    text is sampled from the model itself.
+    """
+    from .formats.output import OutputClaim
+    from .models.hf import resolve_model_dir
+
+    if not recipe.output:
+        raise UserError("no output folder; pass -o OUT")
+    for name in [recipe.quant.scheme, *(t.scheme for t in recipe.quant.targets)]:
+        get_scheme(name)
+    with OutputClaim(Path(recipe.output), resolve_model_dir(recipe.model), recipe.overwrite) as claim:
+        return _run(recipe, claim, progress, lazy)
+
+
+def _load(recipe: Recipe, storage: torch.dtype, lazy: bool):
+    """(model, tokenizer, source, LazyWeights or None, plan): layer-by-layer loading unless only a full load works."""
+    from .models.hf import load_float_model
+    from .models.lazy import open_lazy
+
+    # A CPU has no fast float16/bfloat16 matmul (calibration passes ran 13x slower in float16 than in float32 on
+    # SmolLM2), so the model computes in float32 there; the checkpoint is still written in the storage dtype.
+    compute = "float32" if recipe.device == "cpu" else recipe.dtype
+    opened = open_lazy(recipe.model, compute) if lazy else None
+    if opened is not None:
+        model, tok, src, weights = opened
+        plan = build_plan(model, recipe, storage)
+        self_calib = (recipe.calibration.spec or "self") == "self"
+        if not (self_calib and plan.needs_data):
+            return model, tok, src, weights, plan
+        del model, weights, opened  # self-generated calibration samples text from the whole model
+    model, tok, src = load_float_model(recipe.model, compute, recipe.device)
+    return model, tok, src, None, build_plan(model, recipe, storage)
+
+
+def _calibration(recipe: Recipe, model, tok, src):
+    from .data import load_calibration
+
+    c = recipe.calibration
+    if tok is None:
+        raise UserError(f"'{src}' has no tokenizer; calibration needs one (save the tokenizer beside the model)")
+    cs = load_calibration(spec=c.spec, tokenizer=tok, num_samples=c.num_samples, seq_len=c.seq_len,
+                          seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=model)
+    return cs.samples, cs.meta
+
+
+def _run(recipe: Recipe, claim, progress, lazy: bool) -> dict:
+    from .formats.writer import write_checkpoint
+    from .models.hf import read_config, resolve_dtype, resolve_model_dir
+    from .models.lazy import meta_tensors
+    from .pipeline import quantize_model
+
+    t0 = time.time()
+    storage = resolve_dtype(recipe.dtype, read_config(resolve_model_dir(recipe.model)))
+    model, tok, src, weights, plan = _load(recipe, storage, lazy)
+    source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
+    calib, calib_meta = _calibration(recipe, model, tok, src) if plan.needs_data else (None, None)
+    result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights)
+    dropped = {f"{n}.weight" for n in result.qweights}
+    stray = [k for k in meta_tensors(model) if k not in dropped]
+    if stray:  # a bug, not bad input: the writer would save empty tensors
+        raise RuntimeError(f"tensors never read from the source model: {', '.join(stray[:5])}")
+    meta = _metadata(recipe, plan, result, src, source_bytes, calib_meta, model)
+    path = write_checkpoint(claim.out, model, result.qweights, plan.schemes, tok, meta, result.tensors,
+                            plan.kv_scheme, recipe.overwrite, dtype=storage, claim=claim)
+    errs = [s.get("weight_rel_error") for s in result.stats.values() if s.get("weight_rel_error") is not None]
+    return {"output": str(path), "source": str(src), "layers": len(plan.schemes), "method": plan.method,
+            "scheme": recipe.quant.scheme, "group_size": plan.group_size,
+            "mean_weight_rel_error": sum(errs) / len(errs) if errs else None,
+            "seconds": round(time.time() - t0, 2), "calibration": calib_meta,
+            "loading": "layer by layer" if weights is not None else "whole model"}
+
+
+def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_meta, model) -> dict:
+    """quantkit.json: what was run, on what, with which versions, and what each layer came out as."""
+    import platform
+
+    import transformers
+
+    from . import __version__
+
+    resolved = recipe.model_copy(deep=True)
+    resolved.quant.group_size = plan.group_size
+    return {
+        "quantkit_version": __version__,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
+                     "python": platform.python_version()},
+        "source_model": str(src),
+        "source_bytes": source_bytes,
+        "recipe": resolved.model_dump(mode="json"),
+        "calibration": calib_meta or {"spec": None, "reason": "method needs no calibration data"},
+        "seeds": {"calibration": recipe.calibration.seed},
+        "layers": {n: {**result.stats.get(n, {}), "scheme": s.to_dict()} for n, s in plan.schemes.items()},
+        "quantize_seconds": round(result.seconds, 2),
+        "dtypes": {"compute": str(next(model.parameters()).dtype), "storage": str(plan.storage_dtype)},
+    }

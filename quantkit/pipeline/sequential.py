@@ -1,0 +1,151 @@
+"""Solve a model's planned Linears layer by layer, feeding each layer the previous layer's quantised output.
+
+Layers whose solvers read no activations are solved straight from their weights; otherwise capture.py records
+each layer's inputs, the layer transforms (AWQ scaling, KV-scale observers) run, the Linears that read one
+tensor are fed together, and the quantised layer's output becomes the next layer's input (true sequential).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..errors import UserError
+from ..models.hf import decoder_layers
+from ..plan import Plan
+from ..qweight import QWeight
+from ..solvers.base import LayerTransform, LinearSolver, share_inputs
+from . import capture
+from .progress import LayerProgress
+from .stream import LayerStream
+
+
+@dataclass
+class QuantizeResult:
+    qweights: dict[str, QWeight]
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # extra checkpoint tensors (k_scale, ...)
+    stats: dict[str, dict] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
+    out: list[LayerTransform] = []
+    if plan.awq is not None:
+        from ..solvers.awq import AWQTransform
+
+        out.append(AWQTransform(model, plan.awq))
+    if plan.kv_scheme is not None:
+        from ..solvers.kv_scales import KVScaleObserver
+
+        out.append(KVScaleObserver(model, {}))
+    return out
+
+
+class _Solve:
+    """Makes each Linear's solver and applies its result: the codes are kept, the float weight becomes their
+    dequantised value so later layers see the quantised model."""
+
+    def __init__(self, model: nn.Module, plan: Plan, result: QuantizeResult):
+        self.modules = dict(model.named_modules())
+        self.plan = plan
+        self.result = result
+
+    def make(self, name: str, method: str | None = None) -> LinearSolver:
+        w = self.modules[name].weight.detach().float()
+        if not torch.isfinite(w).all():
+            raise UserError(f"NaN or Inf in the weights of {name}; the source model is broken")
+        return self.plan.make_solver(name, w, method)
+
+    def __call__(self, name: str, solver: LinearSolver) -> None:
+        t = time.time()
+        qw = solver.solve()
+        qw.stats.setdefault("seconds", round(time.time() - t, 4))
+        qw.stats["scheme"] = self.plan.schemes[name].name
+        mod = self.modules[name]
+        mod.weight.data = qw.dequantize().to(mod.weight.device, mod.weight.dtype)
+        self.result.qweights[name] = qw
+
+
+def quantize_model(model: nn.Module, plan: Plan, calib_samples: list[torch.Tensor] | None = None,
+                   progress=None, device: str = "cpu", weights=None) -> QuantizeResult:
+    """Quantise model in place (its planned Linear weights become their dequantised values); return the codes.
+
+    weights: a models.lazy.LazyWeights when the decoder layers are still on the meta device; each layer is then
+    read just before it is processed and its quantised Linears' float weights are dropped right after.
+    """
+    t0 = time.time()
+    if plan.needs_data and not calib_samples:
+        raise UserError(f"method '{plan.method}' needs calibration data; pass --calib SPEC")
+    result = QuantizeResult({})
+    solve = _Solve(model, plan, result)
+    layers_name, layers = decoder_layers(model)
+    prog = LayerProgress(progress, len(layers), len(calib_samples or []) if plan.needs_data else 0)
+    stream = LayerStream(weights, plan.schemes, layers_name)
+    if plan.needs_data:
+        _sequential(model, layers, layers_name, plan, calib_samples, solve, prog, device, stream)
+    else:
+        for i in range(len(layers)):
+            stream.load(i)
+            for n in stream.targets(i):
+                solve(n, solve.make(n))
+            stream.release(i)
+            prog.layer(f"layer {i + 1}/{len(layers)}")
+    for n in plan.schemes:  # Linears outside the decoder layers (e.g. an un-ignored lm_head): no activations kept
+        if not n.startswith(layers_name + "."):
+            solver = solve.make(n)
+            # rounding on the scheme's own grid (a static fp8 one still needs its inputs)
+            solve(n, solve.make(n, "rtn") if solver.needs_data else solver)
+    result.seconds = time.time() - t0
+    for n, qw in result.qweights.items():
+        result.stats.setdefault(n, {}).update(qw.stats)
+    return result
+
+
+def _to_device(model: nn.Module, layers_name: str, device: str) -> None:
+    """Everything outside the decoder layers (embeddings, rotary) lives on the device for the whole run."""
+    for n, m in model.named_modules():
+        if n != layers_name and not n.startswith(layers_name + "."):
+            for _, t in list(m.named_parameters(recurse=False)) + list(m.named_buffers(recurse=False)):
+                t.data = t.data.to(device)
+
+
+def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, prog, device, stream):
+    names_of = {m: n for n, m in solve.modules.items()}
+    transforms = transforms_for(model, plan)
+    on_device = device != "cpu"
+    if on_device:
+        _to_device(model, layers_name, device)
+    inputs = capture.first_layer_inputs(model, layers, samples, device)
+    for i, layer in enumerate(layers):
+        where = f"{layers_name}.{i}"
+        stream.load(i)
+        if on_device:
+            layer.to(device)
+        capture.check_finite(inputs.hidden, f"the input of {where}")
+        targets = {m: (names_of[m], plan.schemes[names_of[m]]) for m in layer.modules()
+                   if names_of.get(m) in plan.schemes}
+        for t in transforms:
+            out = t.apply(i, layer, inputs, targets) or {}
+            for n, s in out.get("stats", {}).items():
+                solve.result.stats.setdefault(n, {}).update(s)
+            solve.result.tensors.update(out.get("tensors", {}))
+        _solve_layer(layer, {m: names_of[m] for m in targets}, inputs, solve, prog)
+        inputs = capture.LayerInputs(capture.run_layer(layer, inputs), inputs.kwargs)
+        capture.check_finite(inputs.hidden, f"the output of {where}")
+        if on_device:
+            layer.to("cpu")
+        stream.release(i)  # after run_layer: the next layer's inputs come from this quantised layer
+        prog.layer(f"layer {i + 1}/{len(layers)}")
+
+
+def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
+    for group in capture.linear_groups(layer, names, inputs):
+        solvers = {m: solve.make(names[m]) for m in group}
+        if any(s.needs_data for s in solvers.values()):
+            capture.feed_group(layer, group, inputs,
+                               lambda mod, x: solvers[mod].add_batch(x.reshape(-1, x.shape[-1])), prog.sample)
+            share_inputs(list(solvers.values()))
+        for m, s in solvers.items():
+            solve(names[m], s)

@@ -1,0 +1,149 @@
+"""The plan of a quantisation run, built once from the recipe and the model and handed down unchanged.
+
+Everything the pipeline, the writer and the report need to agree on is decided here and only here: which
+Linears are quantised and with which scheme, the group size when the user gave none, which solver each one
+gets, whether calibration data is needed, the solvers' options and the KV-cache scheme.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .errors import UserError
+from .recipe import Recipe
+from .schemes import Scheme, get_scheme
+from .solvers.base import LinearSolver
+from .targets import matches
+
+GROUP_FALLBACKS = (64, 32)  # tried after the scheme's own group size when the user gave none
+
+# the compressed-tensors entry for a static FP8 KV cache (one scale per tensor from calibration)
+FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False,
+                 "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax",
+                 "observer_kwargs": {}}
+
+
+def scale_dtype_for(storage: torch.dtype) -> torch.dtype:
+    """Scales are stored, and codes solved against them, in the dtype the checkpoint is written in; float32
+    checkpoints keep float16 scales, the widest dtype every engine's W4 kernel reads."""
+    return storage if storage != torch.float32 else torch.float16
+
+
+def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
+    """The solver class for one Linear; the one place a method name and a scheme meet."""
+    if scheme.is_fp8:
+        from .solvers.fp8 import FP8DynamicSolver, FP8Solver
+
+        if method in ("gptq", "awq+gptq"):
+            from .solvers.fp8_gptq import FP8GPTQSolver
+
+            return FP8GPTQSolver
+        # fp8-dynamic weights by rounding need no calibration; static input scales do
+        return FP8Solver if scheme.activations == "static" else FP8DynamicSolver
+    if method in ("gptq", "awq+gptq"):
+        from .solvers.gptq import GPTQSolver
+
+        return GPTQSolver
+    from .solvers.rtn import RTNSolver
+
+    return RTNSolver
+
+
+@dataclass
+class Plan:
+    schemes: dict[str, Scheme]  # every Linear to quantise, in model order
+    method: str
+    group_size: int | None  # the resolved default group size (None for fp8 schemes)
+    options: dict  # the solvers' knobs
+    needs_data: bool
+    kv_scheme: dict | None = None
+    awq: dict | None = None  # AWQ's options when the method scales first
+    storage_dtype: torch.dtype = torch.float32
+    ignore: list[str] = field(default_factory=list)
+
+    def solver(self, name: str) -> type[LinearSolver]:
+        return solver_for(self.method, self.schemes[name])
+
+    def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
+        return solver_for(method or self.method, self.schemes[name])(name, weight, self.schemes[name], self.options)
+
+
+def _ignored(recipe: Recipe, name: str, mod: nn.Module) -> bool:
+    return any(matches(p, name, mod) for p in recipe.quant.ignore)
+
+
+def _linears(model: nn.Module, recipe: Recipe):
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and not _ignored(recipe, n, m)]
+
+
+def default_group_size(model: nn.Module, recipe: Recipe) -> int | None:
+    """The group size when the user gave none: the scheme's, or the largest of 64/32 dividing every target.
+
+    SmolLM2's 576-wide projections, for one, do not divide by 128.
+    """
+    q = recipe.quant
+    base = get_scheme(q.scheme)
+    if q.group_size is not None or base.is_fp8 or base.group_size == -1:
+        return q.group_size
+    widths = {m.in_features for _, m in _linears(model, recipe)}
+    for g in (base.group_size, *GROUP_FALLBACKS):
+        if all(w % g == 0 for w in widths):
+            return g
+    return base.group_size
+
+
+def _scheme(recipe: Recipe, name: str, group_size, symmetric) -> Scheme:
+    base = get_scheme(name)
+    if base.is_fp8:
+        return base
+    g = recipe.quant.gptq
+    gptq = recipe.quant.method in ("gptq", "awq+gptq")
+    actorder = g.actorder if gptq and g.actorder != "off" else None
+    return base.with_options(group_size=group_size if group_size is not None else base.group_size,
+                             symmetric=symmetric, actorder=actorder)
+
+
+def _check_fits(name: str, mod: nn.Linear, scheme: Scheme) -> None:
+    gs = scheme.group_size
+    if not scheme.is_fp8 and gs != -1 and mod.in_features % gs:
+        fits = [str(g) for g in (32, 64, 128, 256) if mod.in_features % g == 0] + ["-1"]
+        raise UserError(f"{name} has in_features={mod.in_features}, not divisible by group size {gs}; "
+                        f"use --group-size {' or '.join(fits)}")
+
+
+def schemes_for(model: nn.Module, recipe: Recipe, group_size: int | None) -> dict[str, Scheme]:
+    q = recipe.quant
+    default = _scheme(recipe, q.scheme, group_size, q.symmetric)
+    out = {}
+    for name, mod in _linears(model, recipe):
+        t = next((t for t in q.targets if matches(t.match, name, mod)), None)
+        scheme = default if t is None else _scheme(recipe, t.scheme, t.group_size,
+                                                   q.symmetric if t.symmetric is None else t.symmetric)
+        _check_fits(name, mod, scheme)
+        out[name] = scheme
+    if not out:
+        raise UserError("no Linear layer is left to quantise after --ignore; loosen the ignore patterns")
+    return out
+
+
+def solver_options(recipe: Recipe, storage: torch.dtype) -> dict:
+    q, g = recipe.quant, recipe.quant.gptq
+    return {"clip_search": q.clip_search, "damp": g.damp, "block_size": g.block_size,
+            "actorder": None if g.actorder == "off" else g.actorder, "static_groups": g.static_groups,
+            "scale_dtype": scale_dtype_for(storage)}
+
+
+def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | None = None) -> Plan:
+    """storage_dtype: the dtype the checkpoint is written in (default: the model's)."""
+    storage = storage_dtype or next(model.parameters()).dtype
+    q = recipe.quant
+    group_size = default_group_size(model, recipe)
+    schemes = schemes_for(model, recipe, group_size)
+    awq = q.awq.model_dump() if q.method in ("awq", "awq+gptq") else None
+    needs = awq is not None or q.kv_cache is not None or any(
+        solver_for(q.method, s).needs_data for s in schemes.values())
+    return Plan(schemes=schemes, method=q.method, group_size=group_size, options=solver_options(recipe, storage),
+                needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq,
+                storage_dtype=storage, ignore=list(q.ignore))
