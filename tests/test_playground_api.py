@@ -14,9 +14,9 @@ from quantkit.errors import UserError
 from quantkit.models.embedded import embedded_model_dir
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
-from quantkit.runtime.playground import STATIC, CompareModel, mount
+from quantkit.serve.playground import STATIC, CompareModel, mount
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.server import create_app
+from quantkit.serve.app import create_app
 from quantkit.runtime.speculative import PromptLookupDrafter
 from quantkit.runtime.tiny import single_thread, tiny_llama
 
@@ -48,7 +48,7 @@ def server(models, tok):
         main = Engine(served, tok, drafter_factory=lambda: PromptLookupDrafter(2, min_ngram=1))
         other = Engine(base, tok)
         app = create_app(main, "served", max_tokens_limit=64)
-        mount(app, main, "served", compare=CompareModel(other, "base"), max_tokens_limit=64)
+        mount(app, compare=CompareModel(other, "base"))
         s = _Server(app, [main, other])
         yield s
         s.stop()
@@ -152,7 +152,7 @@ def test_without_compare_there_is_no_kl_and_no_compare_app(models, tok):
     with single_thread():
         engine = Engine(models[0], tok)
         app = create_app(engine, "solo")
-        mount(app, engine, "solo")
+        mount(app)
         s = _Server(app, [engine])
     try:
         assert httpx.get(s.url + "/v1/playground").json()["compare"] is None
@@ -170,7 +170,7 @@ def test_compare_needs_the_same_vocabulary(models, tok):
     try:
         app = create_app(engine, "a")
         with pytest.raises(UserError, match="same tokenizer"):
-            mount(app, engine, "a", compare=CompareModel(base, "b"))
+            mount(app, compare=CompareModel(base, "b"))
     finally:
         engine.close()
         base.close()
@@ -257,7 +257,7 @@ def test_compare_base_is_compiled_with_the_served_model(folders, monkeypatch):
     from quantkit.runtime.engine import Engine
     from quantkit.runtime.half_weight_linear import HalfWeightLinear
     from quantkit.runtime.packed_linear import PackedLinear
-    from quantkit.runtime.playground import load_compare
+    from quantkit.serve.playground import load_compare
 
     served = build.load_model(str(folders["quant"]))
     engine = Engine(served, build.load_tokenizer(str(folders["quant"])))

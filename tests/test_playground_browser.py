@@ -23,9 +23,9 @@ from transformers import AutoTokenizer
 from quantkit.models.embedded import embedded_model_dir
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
-from quantkit.runtime.playground import CompareModel, mount, teacher_forced_kl
+from quantkit.serve.playground import CompareModel, mount, teacher_forced_kl
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.server import create_app
+from quantkit.serve.app import create_app
 from quantkit.runtime.speculative import PromptLookupDrafter
 from quantkit.runtime.tiny import single_thread, tiny_llama
 
@@ -90,7 +90,7 @@ def server(models, tok):
         main = Engine(served, tok, drafter_factory=lambda: PromptLookupDrafter(2), cost_aware=False)
         other = Engine(base, tok, drafter_factory=lambda: PromptLookupDrafter(2), cost_aware=False)
         app = create_app(main, "tiny-w4", max_tokens_limit=LIMIT)
-        mount(app, main, "tiny-w4", compare=CompareModel(other, "tiny-base"), max_tokens_limit=LIMIT)
+        mount(app, compare=CompareModel(other, "tiny-base"))
         port = _free_port()
         srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
         th = threading.Thread(target=srv.run, daemon=True)

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from quantkit.models.embedded import embedded_model_dir
 from quantkit.runtime.engine import Engine
-from quantkit.runtime.server import create_app
+from quantkit.serve.app import create_app
 from quantkit.runtime.speculative import PromptLookupDrafter
 from quantkit.runtime.tiny import single_thread, tiny_llama
 

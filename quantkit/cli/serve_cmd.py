@@ -1,6 +1,8 @@
-"""`quantkit serve`: the OpenAI-compatible HTTP server over the runtime."""
+"""`quantkit serve`: the OpenAI-compatible HTTP server over the runtime (quantkit/serve, docs/security.md)."""
 from __future__ import annotations
 
+import socket
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -9,47 +11,64 @@ from . import app
 from .common import console, emit_json
 
 
-@app.command("serve")
-def serve_cmd(
-    path: str = typer.Argument(..., help="quantkit checkpoint or Hugging Face model folder ('embedded' for SmolLM2-135M)"),
-    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (default: this machine only)"),
-    port: int = typer.Option(8000, "--port", help="TCP port"),
-    model_name: Optional[str] = typer.Option(None, "--model-name", help="name clients send as 'model' (default: the folder name)"),
-    draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, or 'self-w4'"),
-    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by prompt lookup: match the last N down to 2 tokens (N=1: single tokens)"),
-    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
-    spec_max_batch: Optional[int] = typer.Option(None, "--spec-max-batch", help="speculate only while at most this many requests are active (default: 8 for float32 models, 3 for float16 checkpoints, 2 for int4/int8 checkpoints on a CPU, where it was measured to stop paying)"),
-    max_batch: int = typer.Option(64, "--max-batch", help="requests decoded at the same time"),
-    max_queue: int = typer.Option(256, "--max-queue", help="requests waiting beyond --max-batch before 429"),
-    max_tokens_limit: Optional[int] = typer.Option(None, "--max-tokens-limit", help="largest max_tokens a request may ask (default: the context)"),
-    kv_cache: str = typer.Option("auto", "--kv-cache", help="KV cache dtype: auto (model dtype) or fp8"),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile the decode step: faster per token after a slow first call (about a minute on a small CPU)"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),
-    compare: Optional[str] = typer.Option(None, "--compare", help="base model to compare with side by side in the playground at / (same tokenizer)"),
-    as_json: bool = typer.Option(False, "--json", help="print the resolved settings as JSON before serving"),
-) -> None:
-    """Serve a model over OpenAI-compatible HTTP (/v1/completions, /v1/chat/completions, /metrics).
+def _names(values: Optional[list[str]]) -> tuple[str, ...]:
+    """Repeated options and comma-separated lists alike."""
+    return tuple(v.strip() for value in values or [] for v in value.split(",") if v.strip())
 
-    Example: quantkit serve ./smollm2-w4 --prompt-lookup 3 --port 8000
-    then:    curl 127.0.0.1:8000/v1/completions -d '{"model": "smollm2-w4", "prompt": "Hello", "max_tokens": 16}'
-    """
-    from pathlib import Path
 
-    import uvicorn
-
+def check_options(kv_cache: str, counts: dict[str, int]) -> None:
     from ..errors import UserError
-    from ..runtime import build
-    from ..runtime.engine import Engine
-    from ..runtime.playground import load_compare, mount
-    from ..runtime.server import create_app
 
     if kv_cache not in ("auto", "fp8"):
         raise UserError(f"unknown --kv-cache '{kv_cache}'; choose auto or fp8")
-    for name, v in (("--max-batch", max_batch), ("--max-queue", max_queue), ("--num-speculative-tokens",
-                                                                             num_speculative_tokens)):
+    for name, v in counts.items():
         if v < 1:
             raise UserError(f"{name} must be at least 1, got {v}")
+
+
+def check_port(port: int) -> None:
+    from ..errors import UserError
+
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535 (0: any free port), got {port}")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything is printed or loaded, so a taken port fails at once."""
+    from ..errors import UserError
+
+    check_port(port)
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}; check --host") from None
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as e:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}; choose another --port or --host") from None
+    return sock
+
+
+def warn_if_open(host: str, api_key: Optional[str], port: int) -> None:
+    from ..serve.security import is_loopback
+
+    if not api_key and not is_loopback(host):
+        typer.echo(f"warning: --host {host} accepts connections from other machines and no --api-key is set: "
+                   f"anyone who can reach port {port} can use this server; set --api-key or QUANTKIT_API_KEY",
+                   err=True)
+
+
+def load_engines(path, *, threads, dtype, draft, prompt_lookup, num_speculative_tokens, spec_max_batch, max_batch,
+                 max_queue, kv_cache, compile_, compare):
+    """The served model's engine, and the compare model (or None)."""
+    from ..runtime import build
+    from ..runtime.engine import Engine
+    from ..serve.playground import load_compare
+
     build.set_threads(threads)
     dt = build.parse_dtype(dtype)
     model = build.load_model(path, dt)
@@ -61,29 +80,88 @@ def serve_cmd(
         from ..runtime.kv_cache import new_cache
 
         new_cache(model, "fp8")  # fails now, with the reason, if the checkpoint has no calibrated KV scales
-    name = model_name or Path(build.resolve_path(path)).name
     engine = Engine(model, tok, drafter_factory=make_drafter, num_speculative_tokens=num_speculative_tokens,
-                    max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch,
-                    kv_cache=kv_cache)
+                    max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch, kv_cache=kv_cache)
     try:
         base = load_compare(compare, engine, dtype=dt, prompt_lookup=prompt_lookup, compile_=compile_,
                             max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch) if compare else None
     except BaseException:
         engine.close()
         raise
-    settings = {"model": name, "host": host, "port": port, "draft": draft, "prompt_lookup": prompt_lookup,
-                "num_speculative_tokens": num_speculative_tokens, "max_batch": max_batch, "max_queue": max_queue,
-                "compare": base.name if base else None, "compile": compile_}
+    return engine, base
+
+
+@app.command("serve")
+def serve_cmd(
+    path: str = typer.Argument(..., help="quantkit checkpoint or Hugging Face model folder ('embedded' for SmolLM2-135M)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to bind (default: this machine only)"),
+    port: int = typer.Option(8000, "--port", help="TCP port (0: any free port)"),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help="name clients send as 'model' (default: the folder name)"),
+    draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, or 'self-w4'"),
+    prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by prompt lookup: match the last N down to 2 tokens (N=1: single tokens)"),
+    num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
+    spec_max_batch: Optional[int] = typer.Option(None, "--spec-max-batch", help="speculate only while at most this many requests are active (default: 8 for float32 models, 3 for float16 checkpoints, 2 for int4/int8 checkpoints on a CPU, where it was measured to stop paying)"),
+    max_batch: int = typer.Option(64, "--max-batch", help="requests decoded at the same time"),
+    max_queue: int = typer.Option(256, "--max-queue", help="requests waiting beyond --max-batch before 429"),
+    max_tokens_limit: Optional[int] = typer.Option(None, "--max-tokens-limit", help="largest max_tokens a request may ask (default: the context)"),
+    clamp_max_tokens: bool = typer.Option(False, "--clamp-max-tokens", help="cut max_tokens to the context the prompt leaves instead of answering 400"),
+    api_key: Optional[str] = typer.Option(None, "--api-key", envvar="QUANTKIT_API_KEY", help="key clients must send ('Authorization: Bearer KEY') on every /v1 route; also read from QUANTKIT_API_KEY"),
+    allowed_hosts: Optional[list[str]] = typer.Option(None, "--allowed-hosts", help="more Host names to accept besides the bound address (comma-separated or repeated; '*': any)"),
+    allowed_origins: Optional[list[str]] = typer.Option(None, "--allowed-origins", help="web origins allowed to call the API from a browser (CORS; default: none)"),
+    max_body_bytes: int = typer.Option(2 << 20, "--max-body-bytes", help="largest request body accepted (413 beyond)"),
+    kv_cache: str = typer.Option("auto", "--kv-cache", help="KV cache dtype: auto (model dtype) or fp8"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
+    compile_: bool = typer.Option(False, "--compile", help="torch.compile the decode step: faster per token after a slow first call (about a minute on a small CPU)"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),
+    compare: Optional[str] = typer.Option(None, "--compare", help="base model to compare with side by side in the playground at / (same tokenizer)"),
+    as_json: bool = typer.Option(False, "--json", help="print the resolved settings as JSON before serving"),
+) -> None:
+    """Serve a model over OpenAI-compatible HTTP (/v1/completions, /v1/chat/completions, /metrics).
+
+    Example: quantkit serve ./smollm2-w4 --prompt-lookup 3 --port 8000
+    then:    curl 127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{"model": "smollm2-w4", "prompt": "Hello", "max_tokens": 16}'
+    """
+    from ..runtime import build
+    from ..serve.config import ServeConfig
+
+    check_options(kv_cache, {"--max-batch": max_batch, "--max-queue": max_queue,
+                             "--num-speculative-tokens": num_speculative_tokens, "--max-body-bytes": max_body_bytes})
+    sock = bind(host, port)
+    port = sock.getsockname()[1]
+    warn_if_open(host, api_key, port)
+    try:
+        engine, base = load_engines(path, threads=threads, dtype=dtype, draft=draft, prompt_lookup=prompt_lookup,
+                                    num_speculative_tokens=num_speculative_tokens, spec_max_batch=spec_max_batch,
+                                    max_batch=max_batch, max_queue=max_queue, kv_cache=kv_cache, compile_=compile_,
+                                    compare=compare)
+    except BaseException:
+        sock.close()
+        raise
+    name = model_name or Path(build.resolve_path(path)).name
+    config = ServeConfig(max_tokens_limit=max_tokens_limit, clamp_max_tokens=clamp_max_tokens, api_key=api_key or None,
+                         host=host, allowed_hosts=_names(allowed_hosts), allowed_origins=_names(allowed_origins),
+                         max_body_bytes=max_body_bytes)
     if as_json:
-        emit_json(settings)
+        emit_json({"model": name, "host": host, "port": port, "draft": draft, "prompt_lookup": prompt_lookup,
+                   "num_speculative_tokens": num_speculative_tokens, "max_batch": max_batch, "max_queue": max_queue,
+                   "compare": base.name if base else None, "compile": compile_, "api_key": bool(api_key)})
     else:
         console.print(f"serving '{name}' on http://{host}:{port}/v1, playground at http://{host}:{port}/ "
                       "(Ctrl-C to stop)")
-    app = create_app(engine, name, max_tokens_limit=max_tokens_limit)
-    mount(app, engine, name, compare=base, max_tokens_limit=max_tokens_limit)
+    run(engine, base, name, config, sock)
+
+
+def run(engine, base, name: str, config, sock: socket.socket) -> None:
+    """Serve on the bound socket until Ctrl-C; the engines' worker threads end with it."""
+    import uvicorn
+
+    from ..serve.app import create_app
+    from ..serve.playground import mount
+
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        app_ = mount(create_app(engine, name, config), compare=base)
+        uvicorn.Server(uvicorn.Config(app_, log_level="warning")).run(sockets=[sock])
     finally:
-        engine.close()
-        if base:
-            base.engine.close()
+        sock.close()
+        for e in [engine] + ([base.engine] if base else []):
+            e.close()

@@ -1,5 +1,6 @@
-"""The runtime: our own decode loop, speculative decoding, metrics and the OpenAI-compatible server.
+"""The runtime: our own decode loop, speculative decoding, batching (the Engine) and metrics; the HTTP server
+over it is quantkit.serve.
 
-Import submodules directly (`quantkit.runtime.generate`, `.speculative`, `.server`); this package keeps its
+Import submodules directly (`quantkit.runtime.generate`, `.speculative`, `.engine`); this package keeps its
 import light so `quantkit --help` stays fast.
 """

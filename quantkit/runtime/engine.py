@@ -33,7 +33,7 @@ class Request:
         self.id = f"{int(time.time())}-{next(self._ids)}"
         self.seq = seq
         self.on_event = on_event  # ("tokens", [TokenInfo]) per step, then ("done", None) or ("error", msg)
-        self.cancelled = False
+        self.cancelled = False  # set by any thread when the client goes away; the worker drops it next step
         self.failed = False
 
 
@@ -76,7 +76,14 @@ class Engine:
         self._thread = threading.Thread(target=self._loop, name="quantkit-decode", daemon=True)
         self._thread.start()
 
-    def new_sequence(self, prompt_ids: list[int], params) -> Sequence:
+    def new_sequence(self, prompt_ids: list[int], params, *, prompt_logprobs: bool = False) -> Sequence:
+        """prompt_logprobs: record the prompt tokens' logprobs too (processed.ProcessedSequence)."""
+        if params.adjusts_logits or params.logprobs is not None or prompt_logprobs:
+            from .processed import ProcessedSequence
+
+            # without a drafter: these follow each single step's distribution (processed.py says why)
+            return ProcessedSequence(self.model, prompt_ids, params, prompt_logprobs=prompt_logprobs,
+                                     tokenizer=self.tokenizer, kv_cache=self.kv_cache, cost_aware=self.cost_aware)
         drafter = self.drafter_factory() if self.drafter_factory else None
         return Sequence(self.model, prompt_ids, params, drafter=drafter, num_speculative_tokens=self.k,
                         tokenizer=self.tokenizer, kv_cache=self.kv_cache, cost_aware=self.cost_aware)
@@ -103,7 +110,11 @@ class Engine:
             while not self._stop and not self._waiting and not self._active:
                 self._cv.wait()
             while self._waiting and len(self._active) < self.max_active:
-                self._active.append(self._waiting.popleft())
+                req = self._waiting.popleft()
+                if req.cancelled:  # gone while it waited: it never takes a slot
+                    self._drop(req)
+                else:
+                    self._active.append(req)
             self.metrics.queued = len(self._waiting)
             self.metrics.active = len(self._active)
 
@@ -119,7 +130,7 @@ class Engine:
             live = []
             for req in self._active:
                 if req.cancelled:
-                    req.seq.release()
+                    self._drop(req)
                 else:
                     live.append(req)
             # A prefill runs on its own: padding one-token rows to a prompt's length would waste the batch.
@@ -173,9 +184,15 @@ class Engine:
         if req.seq.done:
             self._finish(req)
 
+    def _drop(self, req: Request) -> None:
+        """A request whose client went away (Request.cancelled): free its slot, count it, say nothing more."""
+        req.seq.release()
+        self.metrics.count("cancelled")
+
     def _fail(self, req: Request, e: Exception) -> None:
         req.failed = True
         req.seq.release()
+        self.metrics.count("failed")
         req.on_event("error", f"{type(e).__name__}: {e}")
 
     def _finish(self, req: Request) -> None:

@@ -65,6 +65,8 @@ class ServerMetrics:
         self.t0 = time.perf_counter()
         self.requests = 0
         self.rejected = 0
+        self.cancelled = 0
+        self.failed = 0
         self.prompt_tokens = 0
         self.output_tokens = 0
         self.target_forwards = 0
@@ -77,6 +79,11 @@ class ServerMetrics:
         self.tpot_count = 0
         self.active = 0
         self.queued = 0
+
+    def count(self, name: str) -> None:
+        """One more request that ended without finishing: "cancelled" (its client went away) or "failed"."""
+        with self._lock:
+            setattr(self, name, getattr(self, name) + 1)
 
     def finish(self, m: RequestMetrics) -> None:
         with self._lock:
@@ -101,6 +108,10 @@ class ServerMetrics:
                 ("quantkit_requests_total", "counter", "finished requests", self.requests),
                 ("quantkit_requests_rejected_total", "counter", "requests refused with 429 (queue full)",
                  self.rejected),
+                ("quantkit_requests_cancelled_total", "counter", "requests dropped because the client went away",
+                 self.cancelled),
+                ("quantkit_requests_failed_total", "counter", "requests that ended in a server error",
+                 self.failed),
                 ("quantkit_prompt_tokens_total", "counter", "prompt tokens of finished requests", self.prompt_tokens),
                 ("quantkit_output_tokens_total", "counter", "generated tokens of finished requests",
                  self.output_tokens),

@@ -1,10 +1,10 @@
 """The browser playground served at `/`, and the compare feature (`quantkit serve QUANT --compare BASE`).
 
-The page (static/index.html, app.js, style.css: no build step, nothing fetched from elsewhere) talks only to
-the server's own OpenAI-compatible endpoints, reading the per-token details each streamed chunk carries
+The page (static/index.html, api.js, app.js, style.css: no build step, nothing fetched from elsewhere) talks only
+to the server's own OpenAI-compatible endpoints, reading the per-token details each streamed chunk carries
 (`quantkit_tokens`: text, logprob, drafted). `mount` adds:
 
-- `GET /` and `/playground/*`: the page and its files;
+- `GET /` and `/playground/*`: the page and its files (open without the API key, so the page can ask for it);
 - `GET /v1/playground`: what the page needs to know (model names, speculation on or off, limits);
 - with a compare model: its own OpenAI endpoints under `/compare/v1/...` (a second app over a second engine,
   so the two answers stream side by side), and `POST /v1/playground/kl`: per-token KL(P_base || P_served)
@@ -12,21 +12,22 @@ the server's own OpenAI-compatible endpoints, reading the per-token details each
 """
 from __future__ import annotations
 
-import json
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
 
 from ..errors import UserError
-from .generate import context_limit
-from .protocol import APIError, Message
-from .speculative import vocab_rows
+from ..runtime.generate import context_limit
+from ..runtime.speculative import vocab_rows
+from .chat import template_ids
+from .protocol import APIError, Message, _Strict, load_json, validate
 
 STATIC = Path(__file__).parent / "static"
 
@@ -39,9 +40,8 @@ class CompareModel:
     name: str
 
 
-class KLBody(BaseModel):
+class KLBody(_Strict):
     # The prompt in the same shape the completion or chat request had, so it is tokenised the same way.
-    model_config = ConfigDict(strict=True, extra="ignore")
     prompt: str | None = None
     messages: list[Message] | None = None
     completion_ids: list[int] = Field(min_length=1)
@@ -56,19 +56,12 @@ def check_same_vocab(model, base, tokenizer, base_tokenizer) -> None:
 
 
 def prompt_ids(tokenizer, prompt: str | None, messages: list[Message] | None) -> list[int]:
-    """Token ids of a completion prompt or chat messages, as server.py's endpoints build them."""
+    """Token ids of a completion prompt or chat messages, as the completion endpoints build them."""
     if (prompt is None) == (messages is None):
         raise APIError("give exactly one of 'prompt' or 'messages'", param="prompt", code="invalid_value")
     if prompt is not None:
         return list(tokenizer(prompt)["input_ids"])
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise APIError("this model has no chat template; use 'prompt'", code="no_chat_template")
-    msgs = [{"role": m.role, "content": m.content if isinstance(m.content, str) else
-             "".join(p.get("text", "") for p in (m.content or []) if isinstance(p, dict))} for m in messages]
-    ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-    if hasattr(ids, "keys"):
-        ids = ids["input_ids"]
-    return list(ids)
+    return template_ids(tokenizer, messages)
 
 
 @torch.inference_mode()
@@ -96,9 +89,9 @@ def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prom
     own engine. It drafts by prompt lookup when the served model does (no second draft model is loaded), and
     is compiled when the served one is (`--compile`; a float32 base in oneDNN's layout stays eager, its fastest, see
     build.compile_decode), so that their speeds compare like for like."""
-    from . import build
-    from .engine import Engine
-    from .speculative import PromptLookupDrafter
+    from ..runtime import build
+    from ..runtime.engine import Engine
+    from ..runtime.speculative import PromptLookupDrafter
 
     base = build.load_model(path, dtype)
     base_tok = build.load_tokenizer(path)
@@ -110,56 +103,64 @@ def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prom
     return CompareModel(base_engine, name or Path(build.resolve_path(path)).name)
 
 
-def mount(app: FastAPI, engine, model_name: str, *, compare: CompareModel | None = None,
-          max_tokens_limit: int | None = None, default_max_tokens: int = 256) -> FastAPI:
-    """Add the playground (and, with `compare`, the base model's endpoints and the KL endpoint) to `app`,
-    an app made by server.create_app over `engine`."""
-    tok = engine.tokenizer
-    ctx = context_limit(engine.model)
+@dataclass
+class PlaygroundState:
+    compare: CompareModel | None
+    ctx: int  # the shorter context of the two models
+
+
+def mount(app: FastAPI, *, compare: CompareModel | None = None) -> FastAPI:
+    """Add the playground (and, with `compare`, the base model's endpoints and the KL endpoint) to `app`, an
+    app made by app.create_app, whose engine and settings it uses."""
+    from .app import create_app
+
+    state = app.state.serve
+    ctx = state.ctx
     if compare is not None:
-        from .server import create_app
-
-        check_same_vocab(engine.model, compare.engine.model, tok, compare.engine.tokenizer)
+        check_same_vocab(state.engine.model, compare.engine.model, state.tokenizer, compare.engine.tokenizer)
         ctx = min(ctx, context_limit(compare.engine.model))
-        app.mount("/compare", create_app(compare.engine, compare.name, max_tokens_limit=max_tokens_limit,
-                                         default_max_tokens=default_max_tokens))
-
-    @app.get("/", include_in_schema=False)
-    async def index():
-        # no-cache: after an upgrade the browser must not pair a stale page with a new server.
-        return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
-
+        # the outer app's guards already cover everything mounted in it
+        app.mount("/compare", create_app(compare.engine, compare.name, dataclasses.replace(state.config, guard=False)))
+    app.state.playground = PlaygroundState(compare, ctx)
+    app.add_api_route("/", index, methods=["GET"], include_in_schema=False)
     app.mount("/playground", StaticFiles(directory=STATIC), name="playground")
-
-    @app.get("/v1/playground")
-    async def playground_config():
-        return {"model": model_name, "compare": compare.name if compare else None,
-                "chat": getattr(tok, "chat_template", None) is not None,
-                "speculative": engine.drafter_factory is not None,
-                "num_speculative_tokens": engine.k if engine.drafter_factory is not None else 0,
-                "max_tokens_limit": min(max_tokens_limit or ctx, ctx), "default_max_tokens": default_max_tokens}
-
-    @app.post("/v1/playground/kl")
-    async def playground_kl(request: Request):
-        if compare is None:
-            raise APIError("no compare model: start the server with --compare BASE", status=404,
-                           code="no_compare_model")
-        try:
-            body = KLBody.model_validate(json.loads(await request.body()))
-        except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as e:
-            raise APIError(f"bad KL request: {str(e).splitlines()[0]}", code="invalid_value") from None
-        ids = prompt_ids(tok, body.prompt, body.messages)
-        answer = body.completion_ids
-        if not ids:
-            raise APIError("the prompt is empty", param="prompt", code="invalid_value")
-        if any(not 0 <= t < len(tok) for t in answer):
-            raise APIError("completion_ids must be token ids of the vocabulary", param="completion_ids",
-                           code="invalid_value")
-        if len(ids) + len(answer) > ctx:
-            raise APIError(f"prompt and answer have {len(ids) + len(answer)} tokens, more than the context {ctx}",
-                           param="completion_ids", code="context_length_exceeded")
-        # A forward takes a while: run it off the event loop so streams keep flowing meanwhile.
-        out = await run_in_threadpool(teacher_forced_kl, engine.model, compare.engine.model, ids + answer, len(ids))
-        return {"model": model_name, "base": compare.name, **out}
-
+    app.add_api_route("/v1/playground", playground_config, methods=["GET"])
+    app.add_api_route("/v1/playground/kl", playground_kl, methods=["POST"])
     return app
+
+
+async def index():
+    # no-cache: after an upgrade the browser must not pair a stale page with a new server.
+    return FileResponse(STATIC / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+
+async def playground_config(request: Request):
+    state, pg = request.app.state.serve, request.app.state.playground
+    engine = state.engine
+    return {"model": state.model_name, "compare": pg.compare.name if pg.compare else None,
+            "chat": getattr(state.tokenizer, "chat_template", None) is not None,
+            "speculative": engine.drafter_factory is not None,
+            "num_speculative_tokens": engine.k if engine.drafter_factory is not None else 0,
+            "max_tokens_limit": min(state.config.max_tokens_limit or pg.ctx, pg.ctx),
+            "default_max_tokens": state.config.default_max_tokens}
+
+
+async def playground_kl(request: Request):
+    state, pg = request.app.state.serve, request.app.state.playground
+    if pg.compare is None:
+        raise APIError("no compare model: start the server with --compare BASE", status=404, code="no_compare_model")
+    body = await run_in_threadpool(lambda raw: validate(load_json(raw), KLBody), await request.body())
+    ids = await run_in_threadpool(prompt_ids, state.tokenizer, body.prompt, body.messages)
+    answer = body.completion_ids
+    if not ids:
+        raise APIError("the prompt is empty", param="prompt", code="invalid_value")
+    if any(not 0 <= t < state.vocab for t in answer):
+        raise APIError("completion_ids must be token ids of the vocabulary", param="completion_ids",
+                       code="invalid_value")
+    if len(ids) + len(answer) > pg.ctx:
+        raise APIError(f"prompt and answer have {len(ids) + len(answer)} tokens, more than the context {pg.ctx}",
+                       param="completion_ids", code="context_length_exceeded")
+    # A forward takes a while: run it off the event loop so streams keep flowing meanwhile.
+    out = await run_in_threadpool(teacher_forced_kl, state.engine.model, pg.compare.engine.model, ids + answer,
+                                  len(ids))
+    return {"model": state.model_name, "base": pg.compare.name, **out}
