@@ -6,7 +6,7 @@ import pytest
 from quantkit.errors import UserError
 from quantkit.recipe import (Recipe, apply_overrides, load_recipe, parse_recipe, preset_names, recipes_dir,
                              resolve_recipe_path)
-from quantkit.recipe_errors import RecipeError
+from quantkit.recipe.errors import RecipeError
 
 REQUIRED_PRESETS = {"w4a16-rtn", "w4a16-gptq", "w4a16-awq", "w8a16", "fp8-dynamic", "fp8-kv", "mixed-attn8-mlp4",
                     "ci-smoke"}

@@ -2,13 +2,13 @@
 from pathlib import Path
 
 from quantkit.recipe import Recipe, preset_names
-from quantkit.recipe_docs import render
+from quantkit.recipe.docs import render
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "recipes.md"
 
 
 def test_committed_reference_is_up_to_date():
-    assert DOC.read_text() == render(), "docs/recipes.md is stale: python -m quantkit.recipe_docs > docs/recipes.md"
+    assert DOC.read_text() == render(), "docs/recipes.md is stale: python -m quantkit.recipe.docs > docs/recipes.md"
 
 
 def test_reference_documents_every_field_gate_and_preset():

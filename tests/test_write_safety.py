@@ -266,7 +266,7 @@ def test_mistyped_relative_path_is_not_a_hub_id(tmp_path, src, cli, monkeypatch)
 ])
 def test_recipe_types_are_not_coerced(yaml_text, field):
     from quantkit.recipe import parse_recipe
-    from quantkit.recipe_errors import RecipeError
+    from quantkit.recipe.errors import RecipeError
 
     with pytest.raises(RecipeError) as e:
         parse_recipe(yaml_text, "r.yaml")

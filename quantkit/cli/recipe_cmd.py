@@ -23,7 +23,7 @@ def validate(
     """
     from ..errors import UserError
     from ..recipe import load_recipe, resolve_recipe_path
-    from ..recipe_errors import RecipeError
+    from ..recipe.errors import RecipeError
 
     bad = 0
     for f in files:

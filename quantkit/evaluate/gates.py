@@ -5,16 +5,7 @@ Each gate names one metric of a variant and a bound; the baseline itself is neve
 from __future__ import annotations
 
 from ..errors import UserError
-
-# name -> (how to read the metric from a variant row and the base row, "max" or "min", what it needs)
-GATES = {
-    "max_ppl_increase": "relative perplexity increase over the baseline, e.g. 0.02 = +2% (needs --data)",
-    "min_agreement": "fraction of task answers identical to the baseline's (needs --tasks)",
-    "min_token_agreement": "fraction of positions whose top-1 token equals the baseline's",
-    "max_kl_mean": "mean per-token KL from the baseline (nats)",
-    "max_kl_p99": "99th percentile of per-token KL from the baseline (nats)",
-    "min_exact_match": "fraction of task answers equal to the reference (needs --tasks with answers)",
-}
+from ..recipe.gates import GATES  # noqa: F401  (the table is the recipe's; eval checks the same names)
 
 
 def parse_gates(items: list[str] | None) -> dict[str, float]:

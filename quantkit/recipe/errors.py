@@ -13,7 +13,7 @@ import typing
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from .errors import UserError
+from ..errors import UserError
 
 # errors about a key itself (point at the key's line), rather than about its value
 _KEY_ERRORS = {"extra_forbidden", "unknown_gate"}

@@ -1,0 +1,162 @@
+"""The recipe schema: everything a quantisation run needs, as data (YAML). The CLI builds one from its flags.
+
+Unknown keys are errors (extra="forbid") so a misspelt knob never silently does nothing. Field descriptions
+are the user documentation: docs/recipes.md is generated from them (python -m quantkit.recipe.docs).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from .gates import GATES
+
+Method = Literal["rtn", "gptq", "awq", "awq+gptq"]
+SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic"]
+
+
+def known_gates() -> dict[str, str]:
+    """{gate name: meaning}; `quantkit eval --gate` reads the same table, so recipes and eval agree."""
+    return dict(GATES)
+
+
+# gate -> the eval input its metric needs (the same rule `quantkit eval` applies, checked here before quantising)
+_GATE_NEEDS = {"max_ppl_increase": "data", "min_agreement": "tasks", "min_exact_match": "tasks"}
+
+
+def _check_group_size(v):
+    if v is not None and v != -1 and (v <= 0 or v & (v - 1)):
+        raise ValueError("group_size must be a power of two (32, 64, 128) or -1 for per channel")
+    return v
+
+
+class _Strict(BaseModel):
+    # strict: YAML `group_size: true` or `symmetric: "yes"` is a mistake to report, not a value to coerce
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
+
+
+class GPTQOptions(_Strict):
+    """GPTQ: Hessian-based error compensation, column by column (method gptq or awq+gptq)."""
+
+    damp: float = Field(0.01, gt=0, lt=1, description="Dampening as a fraction of the Hessian's mean diagonal.")
+    block_size: int = Field(128, ge=1, description="Columns updated together (lazy batch updates).")
+    actorder: Literal["off", "weight", "group"] = Field(
+        "off", description="Quantise columns by decreasing Hessian diagonal; 'group' needs g_idx at run time.")
+    static_groups: bool = Field(True, description="Fix group scales before reordering (no g_idx with 'weight').")
+
+
+class AWQOptions(_Strict):
+    """AWQ: activation-aware per-channel scales folded into the preceding op (method awq or awq+gptq)."""
+
+    grid: int = Field(20, ge=2, description="Points of the alpha grid in [0, 1].")
+    duo: bool = Field(False, description="Use s = mean|x|^a / mean|w|^(1-a) instead of mean|x|^a.")
+    clip: bool = Field(True, description="Per-group clip search after scaling.")
+    search_tokens: int = Field(2048, ge=1, description="Calibration tokens (whole samples, at least one) the "
+                                                      "alpha search runs through each block; the main cost of AWQ.")
+    fallback: Literal["error", "rtn"] = Field(
+        "error", description="What to do with an architecture that has no AWQ map.")
+
+
+class TargetOverride(_Strict):
+    """One per-module override: Linears matching `match` get this scheme instead of quant.scheme."""
+
+    match: str = Field(..., description="Module name glob, 're:<regex>' or a module class name (e.g. 'Linear').")
+    scheme: SchemeName = Field(..., description="Scheme for the Linears this entry matches.")
+    group_size: int | None = Field(None, description="Group size for these Linears; default from the scheme.")
+    symmetric: bool | None = Field(None, description="Symmetric grid for these Linears; default quant.symmetric.")
+
+    @field_validator("group_size")
+    @classmethod
+    def _group(cls, v):
+        return _check_group_size(v)
+
+
+class QuantOptions(_Strict):
+    """What to quantise and how: the default scheme, the solver and its knobs, what stays in float."""
+
+    scheme: SchemeName = Field("w4a16", description="Default scheme for every targeted Linear.")
+    method: Method = Field("rtn", description="Solver: rtn, gptq, awq or awq+gptq.")
+    group_size: int | None = Field(
+        None, description="32, 64, 128 or -1 (per channel); empty = the scheme's (128 for w4a16), or the "
+                          "largest of 64, 32 dividing every targeted layer's width.")
+    symmetric: bool = Field(True, description="Symmetric (no zero point) or asymmetric grid.")
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"],
+                              description="Module name globs or 're:<regex>' left in float.")
+    targets: list[TargetOverride] = Field(default_factory=list,
+                                          description="Per-module scheme overrides, first match wins.")
+    clip_search: bool = Field(False, description="MSE search of the clipping range per group (RTN, GPTQ).")
+    gptq: GPTQOptions = Field(default_factory=GPTQOptions, description="GPTQ knobs (method gptq or awq+gptq).")
+    awq: AWQOptions = Field(default_factory=AWQOptions, description="AWQ knobs (method awq or awq+gptq).")
+    kv_cache: Literal["fp8"] | None = Field(None, description="Calibrate and store an FP8 KV cache scale.")
+
+    @field_validator("group_size")
+    @classmethod
+    def _group(cls, v):
+        return _check_group_size(v)
+
+
+class CalibrationOptions(_Strict):
+    """The text the solvers see: used by gptq, awq, static fp8 and the fp8 KV cache; ignored by rtn."""
+
+    spec: str = Field("self", description="Dataset name from calibration/, a local file or folder, or 'self'.")
+    num_samples: int = Field(128, ge=1, description="Calibration samples (sequences).")
+    seq_len: int = Field(512, ge=8, description="Tokens per calibration sample.")
+    seed: int = Field(0, description="Seed for sampling documents and self-generated text.")
+    cut: Literal["chunk", "document"] = Field(
+        "chunk", description="'chunk': concatenate and cut; 'document': one sample per document.")
+    text_field: str = Field("text", description="Text field of JSON/CSV/parquet data.")
+    min_tokens: int = Field(32, ge=1, description="Shortest document kept in 'document' mode.")
+
+
+class EvalOptions(_Strict):
+    """Evaluation of the checkpoint against the float model, run by `quantkit run` after quantising."""
+
+    data: str | None = Field(None, description="Perplexity text set spec (dataset name, local file or folder).")
+    tasks: str | None = Field(None, description="JSONL task set for greedy generation (exact match, agreement).")
+    seq_len: int = Field(512, ge=8, description="Tokens per perplexity window.")
+    max_windows: int | None = Field(None, ge=1, description="Perplexity windows at most; default all.")
+    max_new_tokens: int = Field(32, ge=1, description="Tokens generated per task.")
+    stride: int | None = Field(None, ge=1, description="Text tokens between window starts; default = no overlap.")
+    text_field: str = Field("text", description="Text field of JSON/CSV/parquet data.")
+    dtype: Literal["float16", "bfloat16", "float32"] | None = Field(
+        None, description="Dtype models are evaluated in; default float32 on CPU, the checkpoint's on GPU.")
+    output: str | None = Field(None, description="Report folder; default '<output>-eval' beside the checkpoint.")
+    gates: dict[str, float] = Field(
+        default_factory=dict,
+        description="Thresholds the quantised model must meet, or `quantkit run` exits 1 (see eval.gates).")
+
+    @field_validator("gates")
+    @classmethod
+    def _gates(cls, v):
+        names = known_gates()
+        for k in v:
+            if k not in names:
+                # the 'key' in ctx lets the error reporter point at this key's own line
+                raise PydanticCustomError("unknown_gate", "unknown gate '{key}'", {"key": k, "choices": list(names)})
+        return v
+
+    @model_validator(mode="after")
+    def _something_to_measure(self):
+        if self.data is None and self.tasks is None:
+            raise ValueError("eval needs 'data' (perplexity text) or 'tasks' (a JSONL task set), or both")
+        for gate, needs in _GATE_NEEDS.items():
+            if gate in self.gates and getattr(self, needs) is None:
+                raise ValueError(f"gate {gate} needs eval.{needs}; add it or drop the gate")
+        return self
+
+
+class Recipe(_Strict):
+    """A whole quantisation run."""
+
+    description: str | None = Field(None, description="Free text saying what the recipe is for; not used.")
+    model: str | None = Field(None, description="HF folder or hub id; empty = the embedded SmolLM2-135M.")
+    output: str | None = Field(None, description="Checkpoint folder to write (relative to the working directory).")
+    overwrite: bool = Field(False, description="Replace a non-empty output folder.")
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
+        "auto", description="Dtype the float model is loaded and solved in; 'auto' = the model's own.")
+    device: str = Field("cpu", description="cpu or cuda (one decoder layer at a time on the device).")
+    quant: QuantOptions = Field(default_factory=QuantOptions, description="What to quantise and how.")
+    calibration: CalibrationOptions = Field(default_factory=CalibrationOptions,
+                                            description="Calibration data (gptq, awq, fp8 static, fp8 KV cache).")
+    eval: EvalOptions | None = Field(None, description="Evaluation against the base model, run by `quantkit run`.")
