@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from .errors import UserError
+from .formats.safetensors_header import read_header
 
 _BYTES = {"I32": 4, "F16": 2, "BF16": 2, "F32": 4, "F8_E4M3": 1, "I8": 1, "U8": 1, "I64": 8, "F64": 8}
 _SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "input_scale")
@@ -19,14 +20,7 @@ def _headers(folder: Path) -> dict[str, dict]:
         raise UserError(f"'{folder}' holds no .safetensors files; pass a folder written by quantkit quantize")
     out = {}
     for f in files:
-        try:
-            with f.open("rb") as fh:
-                n = int.from_bytes(fh.read(8), "little")
-                if n <= 0 or n > 100 * 1024**2:
-                    raise ValueError("bad header length")
-                head = json.loads(fh.read(n))
-        except (ValueError, json.JSONDecodeError) as e:
-            raise UserError(f"{f} is corrupt ({e}); re-run quantkit quantize") from None
+        head = read_header(f)  # refuses a truncated file, whose sizes below would otherwise look right
         head.pop("__metadata__", None)
         out.update(head)
     return out

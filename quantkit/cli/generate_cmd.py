@@ -46,8 +46,8 @@ def generate_cmd(
                             stop=list(stop)).validate()
     build.set_threads(threads)
     dt = build.parse_dtype(dtype)
+    tok = build.load_tokenizer(path)  # first: a broken tokenizer should not wait for the model to load
     model = build.load_model(path, dt)
-    tok = build.load_tokenizer(path)
     make_drafter = build.drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt)
     if compile_ and not build.compile_decode(model):  # after the drafter: a self-w4 draft copies the eager model
         typer.echo(build.STAYS_EAGER_NOTE, err=True)

@@ -115,10 +115,44 @@ def _fixed_model_guards(entries):
     return [a and b for a, b in zip(modules, globals_)]
 
 
+# Any of these makes a folder loadable by AutoTokenizer (fast, sentencepiece, BPE, WordPiece, tiktoken).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "spiece.model", "vocab.json",
+                   "vocab.txt", "merges.txt")
+
+
+def _copy_tokenizer_hint(path: str) -> str:
+    """How to give PATH a tokenizer, naming the model it was quantised from when quantkit.json records it."""
+    import json
+
+    try:
+        source = json.loads((Path(path) / "quantkit.json").read_text()).get("source_model")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    origin = f"'{source}'" if source else "the original model folder"
+    return f"copy tokenizer.json and tokenizer_config.json from {origin} into '{path}'"
+
+
+def _check_tokenizer_files(path: str) -> None:
+    folder = Path(path)
+    if any((folder / n).is_file() for n in TOKENIZER_FILES) or any(folder.glob("*.tiktoken")):
+        return
+    raise UserError(f"'{path}' has no tokenizer files (tokenizer.json, tokenizer_config.json, ...); "
+                    f"{_copy_tokenizer_hint(path)}")
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(resolve_path(path))
+    path = resolve_path(path)
+    _check_tokenizer_files(path)
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    # transformers and tokenizers raise many types here (OSError, ValueError, ImportError for a missing
+    # sentencepiece, tokenizers' bare Exception for a bad tokenizer.json); every one means the files are unusable.
+    except Exception as e:  # noqa: BLE001
+        detail = " ".join(str(e).split())[:200]
+        raise UserError(f"the tokenizer in '{path}' does not load ({type(e).__name__}: {detail}); "
+                        f"{_copy_tokenizer_hint(path)}") from None
 
 
 def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_lookup: int | None = None,

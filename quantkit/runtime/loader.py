@@ -14,6 +14,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..formats.compressed_tensors import load_tensors, module_targets
+from ..formats.safetensors_header import read_header
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -52,6 +53,36 @@ def _quant_module(linear: nn.Linear, group: dict, name: str, tensors: dict, dtyp
     return QuantLinear.from_group(linear, weights, f"{name}.weight_g_idx" in tensors, dtype)
 
 
+def _read_config(path: Path) -> dict:
+    if not (path / "config.json").is_file():
+        raise UserError(f"'{path}' is not a model folder (no config.json); pass the folder quantkit quantize wrote")
+    fix = "copy it again from the original folder or re-run quantkit quantize"
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except ValueError as e:
+        raise UserError(f"{path / 'config.json'} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(raw, dict):
+        raise UserError(f"{path / 'config.json'} holds a JSON {type(raw).__name__}, not an object; {fix}")
+    return raw
+
+
+def check_weight_files(path: Path, quantised: bool) -> None:
+    """Every safetensors file the model will be read from is present and whole, checked from the headers
+    before any loading, so a damaged copy is one clear error rather than a safetensors traceback."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(f"{index} is corrupt ({e}); copy it again or re-run quantkit quantize") from None
+    elif (path / "model.safetensors").is_file() or quantised:
+        names = ["model.safetensors"]
+    else:
+        return  # a float folder may hold .bin weights, which transformers reads and checks itself
+    for name in names:
+        read_header(path / name)
+
+
 def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None = None,
          cpu_fast: bool = False) -> nn.Module:
     """cpu_fast: on CPU, run quantised layers through torch's packed int4/int8 ops with bf16 activations
@@ -62,12 +93,10 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     from transformers import AutoConfig, AutoModelForCausalLM
 
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise UserError(f"'{path}' is not a model folder (no config.json); pass the folder quantkit quantize wrote")
-    raw = json.loads((path / "config.json").read_text())
-    qc = raw.get("quantization_config")
+    qc = _read_config(path).get("quantization_config")
     if isinstance(dtype, str):
         dtype = _DTYPES[dtype]
+    check_weight_files(path, quantised=qc is not None)
     if qc is None:
         m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
         return m.to(device).eval()
@@ -100,6 +129,12 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
         raise UserError(f"'{path}' does not match its config: missing {leftover[:3]}, unexpected {unexpected[:3]}, "
                         f"uninitialised {meta_params[:3]}; re-run quantkit quantize")
     model.to(device).eval()
+    _prepare_quantised(model, cpu_fast)
+    return model
+
+
+def _prepare_quantised(model: nn.Module, cpu_fast: bool) -> None:
+    """Kernel choices need the weights on their final device, so they come after the move."""
     from ..kernels import dispatch
     from ..nn import QuantLinear
 
@@ -113,4 +148,3 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
         from .half_head import use_half_head
 
         use_half_head(model)
-    return model
