@@ -1,5 +1,5 @@
 """quantkit: post-training quantisation for Hugging Face causal LMs."""
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 
 def load(path, device: str = "cpu", dtype=None, cpu_fast: bool = False):

@@ -98,7 +98,7 @@ def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_
 
     import transformers
 
-    from . import __version__
+    from .version import __version__
 
     resolved = recipe.model_copy(deep=True)
     resolved.quant.group_size = plan.group_size

@@ -7,16 +7,7 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
-app = typer.Typer(
-    name="quantkit",
-    help="Post-training quantisation for Hugging Face causal LMs.\n\nExample: quantkit quantize ./my-model -o ./my-model-w4 --scheme w4a16",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
-
+from .common import app  # noqa: F401  (the typer app every command registers on)
 
 def _register() -> None:
     # Imported for their @app.command side effect; kept in one place so the command list is visible.

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import typer
 
-from . import app
-from .common import console, emit_json
+from .common import app, console, emit_json
 
 
 def _gb(n: float) -> str:

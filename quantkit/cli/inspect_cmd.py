@@ -5,8 +5,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from . import app
-from .common import emit_json
+from .common import app, emit_json
 
 
 def _mb(n) -> str:

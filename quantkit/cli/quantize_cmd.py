@@ -6,8 +6,7 @@ from typing import Optional
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from . import app
-from .common import console, emit_json
+from .common import app, console, emit_json
 
 
 def _progress(quiet: bool):

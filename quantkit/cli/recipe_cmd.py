@@ -5,8 +5,7 @@ from typing import Optional
 
 import typer
 
-from . import app
-from .common import console, emit_json
+from .common import app, console, emit_json
 
 recipe_app = typer.Typer(name="recipe", no_args_is_help=True,
                          help="Check, print and list recipes (YAML files describing a quantisation run).")
