@@ -34,16 +34,18 @@ print(json.dumps({
 """
 
 
-def _tree_copy(dest: Path) -> Path:
-    """The working tree's files that git would commit (tracked or new, not ignored), copied to DEST."""
+def _tree_copy(dest: Path) -> list[str]:
+    """Copies the working tree's files that git would commit (tracked or new, not ignored) to DEST; their names."""
     names = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
                            check=True, capture_output=True).stdout.decode().split("\0")
+    copied = []
     for name in filter(None, names):
         src = ROOT / name
         if src.is_file():  # a tracked file another change deleted is listed but gone
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
-    return dest
+            copied.append(name)
+    return copied
 
 
 def _pip(*args: str, cwd: Path) -> None:
@@ -67,7 +69,8 @@ def _run_installed(site: Path, cwd: Path, *args: str) -> subprocess.CompletedPro
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
-    src = _tree_copy(tmp / "src")
+    src = tmp / "src"
+    names = _tree_copy(src)
     wheel = _wheel_from(src, tmp / "dist")
     site = tmp / "site"
     r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
@@ -75,7 +78,7 @@ def built(tmp_path_factory):
     assert r.returncode == 0, r.stderr[-3000:]
     run = tmp / "elsewhere"
     run.mkdir()
-    return {"tmp": tmp, "src": src, "wheel": wheel, "site": site, "cwd": run}
+    return {"tmp": tmp, "src": src, "names": names, "wheel": wheel, "site": site, "cwd": run}
 
 
 def test_installed_cli_lists_every_shipped_recipe(built):
@@ -101,8 +104,7 @@ def test_installed_package_reads_its_own_copies(built):
 
 def test_wheel_carries_every_data_file_of_the_package(built):
     """The web UI and the CUDA sources (compiled on first use) are read from beside the modules at run time."""
-    data = {p.relative_to(ROOT).as_posix() for p in (ROOT / "quantkit").rglob("*")
-            if p.is_file() and p.suffix not in (".py", ".pyc")}
+    data = {n for n in built["names"] if n.startswith("quantkit/") and not n.endswith(".py")}
     assert any(n.endswith(".cu") for n in data) and any(n.endswith("static/index.html") for n in data)
     missing = sorted(n for n in data if not (built["site"] / n).is_file())
     assert not missing, f"not in the wheel: {missing}; add them to package-data in pyproject.toml"
