@@ -16,7 +16,7 @@ import time
 import torch
 
 from quantkit.kernels import cpu
-from quantkit.kernels.testdata import make_packed
+from quantkit.testing.packed import make_packed
 
 
 def _median_ms(fn, min_time=0.3, max_iters=200):

@@ -174,7 +174,7 @@ def run_together_as_alone(engine, model, prompts: list[list[int]], max_tokens: i
     decoded alone by generate (greedy, ignore_eos); one torch thread throughout. Returns the requests."""
     from quantkit.runtime.generate import generate
     from quantkit.runtime.sampling import SamplingParams
-    from quantkit.runtime.tiny import single_thread
+    from quantkit.testing.models import single_thread
 
     run = EngineRequests(engine)
     with single_thread():
@@ -202,7 +202,7 @@ def assert_relaid_decodes_like(model, reference, sep: int = 7) -> None:
     its greedy decode of 20 prompts, with and without prompt lookup, equals transformers' generate on
     `reference`; prompt lookup must have drafted."""
     from quantkit.runtime.sampling import SamplingParams
-    from quantkit.runtime.tiny import single_thread
+    from quantkit.testing.models import single_thread
 
     ids = torch.tensor([repeat_prompts(1, 256, seed=1, sep=sep)[0]])
     with torch.no_grad():

@@ -9,7 +9,7 @@ import torch
 
 from quantkit.runtime import llama_step
 from quantkit.runtime.engine import Engine
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 from quantkit.serve.app import create_app
 
 from helpers import ServerThread

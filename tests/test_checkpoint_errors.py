@@ -19,7 +19,7 @@ from quantkit.cli import app
 from quantkit.errors import UserError
 from quantkit.formats.safetensors_header import read_header
 from quantkit.models.embedded import embedded_model_dir
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 
 FIX = "re-run quantkit quantize"
 

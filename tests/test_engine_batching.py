@@ -9,7 +9,7 @@ from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.runtime.speculative import PromptLookupDrafter
-from quantkit.runtime.tiny import single_thread, tiny_llama
+from quantkit.testing.models import single_thread, tiny_llama
 
 
 def test_requests_share_decode_forwards_and_join_and_leave_between_steps(monkeypatch):

@@ -16,7 +16,7 @@ from quantkit.pipeline import quantize_model
 from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.solvers.fp8_input_scale import InputScale
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 from test_fp8_format import e4m3_round_ref
 
 # quantize_to_checkpoint's kv_cache_scheme for --kv-cache fp8

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from quantkit.kernels.testdata import make_packed
+from quantkit.testing.packed import make_packed
 from quantkit.nn import QuantLinear
 from quantkit.runtime.fused_proj import fuse
 

@@ -9,7 +9,7 @@ import quantkit
 from helpers import make_tiny_model
 from quantkit.runtime import half_weight_linear as half
 from quantkit.runtime.half_head import SAFE_ABSMAX, HalfHead, use_half_head
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 
 # FBGEMM's float16-weight product where torch has it (x86), else torch's own float16 product
 COPY = half.HalfWeightLinear if half.available() else HalfHead

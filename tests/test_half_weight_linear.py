@@ -19,7 +19,7 @@ from quantkit.runtime.half_weight_linear import HalfWeightLinear, available, exa
 from quantkit.runtime.packed_linear import PackedLinear
 from quantkit.runtime.relayout import float_linear, relayout_model
 from quantkit.runtime.speculative import self_w4_draft
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no FBGEMM (x86 only)")
 
@@ -263,7 +263,7 @@ def test_compiled_half_model_decodes_the_eager_tokens_with_shared_packs():
     from quantkit.runtime import compiled as steps
     from quantkit.runtime.generate import generate
     from quantkit.runtime.sampling import SamplingParams
-    from quantkit.runtime.tiny import single_thread
+    from quantkit.testing.models import single_thread
 
     from helpers import greedy_with_and_without_lookup
 

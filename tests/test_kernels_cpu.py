@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from quantkit.kernels import cpu, reference
-from quantkit.kernels.testdata import make_packed
+from quantkit.testing.packed import make_packed
 
 
 def _rel_err(y, x, p):

@@ -9,7 +9,7 @@ import torch  # noqa: E402
 
 from quantkit.errors import UserError  # noqa: E402
 from quantkit.kernels import dispatch  # noqa: E402
-from quantkit.kernels.testdata import FakeQuantLinear, make_packed  # noqa: E402
+from quantkit.testing.packed import FakeQuantLinear, make_packed  # noqa: E402
 
 
 def _layer(bits=4, group_size=32, symmetric=False, g_idx=None, n=48, k=128, bias=True, seed=0,

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from quantkit.kernels import reference
-from quantkit.kernels.testdata import make_packed
+from quantkit.testing.packed import make_packed
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -8,7 +8,7 @@ import torch  # noqa: E402
 
 from quantkit.errors import UserError  # noqa: E402
 from quantkit.kernels import reference  # noqa: E402
-from quantkit.kernels.testdata import make_packed  # noqa: E402
+from quantkit.testing.packed import make_packed  # noqa: E402
 from quantkit.kernels.triton import dequantize_fp8, dequantize_int, w4a16_matmul, wna16_matmul  # noqa: E402
 
 # K per group size: a multiple of the group, and for -1 not a multiple of the 64/128 K tile (masking)

@@ -10,7 +10,7 @@ from transformers.cache_utils import DynamicLayer
 from quantkit.errors import UserError
 from quantkit.runtime.fp8_kv_cache import FP8KVCache
 from quantkit.runtime.loader import attach_kv_scales
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 from quantkit.solvers.kv_scales import calibrate_kv_scales
 from test_fp8_format import e4m3_round_ref
 

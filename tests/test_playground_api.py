@@ -18,7 +18,7 @@ from quantkit.serve.playground import STATIC, CompareModel, mount
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.serve.app import create_app
 from quantkit.runtime.speculative import PromptLookupDrafter
-from quantkit.runtime.tiny import single_thread, tiny_llama
+from quantkit.testing.models import single_thread, tiny_llama
 
 from helpers import ServerThread, free_port
 

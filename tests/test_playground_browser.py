@@ -27,7 +27,7 @@ from quantkit.serve.playground import CompareModel, mount, teacher_forced_kl
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.serve.app import create_app
 from quantkit.runtime.speculative import PromptLookupDrafter
-from quantkit.runtime.tiny import single_thread, tiny_llama
+from quantkit.testing.models import single_thread, tiny_llama
 
 CHROMIUM = os.environ.get("QUANTKIT_CHROMIUM", "/usr/bin/chromium")
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",

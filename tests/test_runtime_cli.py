@@ -10,7 +10,7 @@ import quantkit.cli.serve_cmd  # noqa: F401
 from quantkit.cli import app
 from quantkit.errors import UserError
 from quantkit.models.embedded import embedded_model_dir
-from quantkit.runtime.tiny import single_thread, tiny_llama
+from quantkit.testing.models import single_thread, tiny_llama
 
 
 @pytest.fixture(scope="module")

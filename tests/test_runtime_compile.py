@@ -10,7 +10,7 @@ from quantkit.runtime import compiled as steps
 from quantkit.runtime.build import compile_decode
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.tiny import single_thread, tiny_llama
+from quantkit.testing.models import single_thread, tiny_llama
 
 
 def test_compiled_decode_matches_eager_greedy_tokens():

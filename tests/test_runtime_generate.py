@@ -7,7 +7,7 @@ from helpers import hf_greedy
 from quantkit.errors import UserError
 from quantkit.runtime.generate import Sequence, generate
 from quantkit.runtime.sampling import SamplingParams, probs
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 
 
 def _prompts(n, vocab, seed=1, lo=3, hi=40):

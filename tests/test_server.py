@@ -11,7 +11,7 @@ from quantkit.models.embedded import embedded_model_dir
 from quantkit.runtime.engine import Engine
 from quantkit.serve.app import create_app
 from quantkit.runtime.speculative import PromptLookupDrafter
-from quantkit.runtime.tiny import single_thread, tiny_llama
+from quantkit.testing.models import single_thread, tiny_llama
 
 from helpers import ServerThread
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from quantkit.runtime.tiny import single_thread
+from quantkit.testing.models import single_thread
 
 from serve_helpers import NAME, Served, assert_error, random_model, real_tokenizer, wait_idle
 

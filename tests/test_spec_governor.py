@@ -4,7 +4,7 @@ import torch
 from quantkit.runtime.generate import Sequence, generate
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.runtime.spec_governor import SpeculationGovernor
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 
 
 class WrongDrafter:

@@ -8,7 +8,7 @@ from quantkit.runtime import speculative as spec
 from quantkit.runtime.generate import Sequence, generate
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, accept, check_vocab, self_w4_draft
-from quantkit.runtime.tiny import tiny_llama
+from quantkit.testing.models import tiny_llama
 
 
 def _repetitive_prompts(n, vocab, seed=2):

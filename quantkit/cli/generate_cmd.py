@@ -5,8 +5,7 @@ from typing import Optional
 
 import typer
 
-from . import app
-from .common import console, emit_json
+from .common import app, console, emit_json
 
 
 @app.command("generate")

@@ -7,8 +7,7 @@ from typing import Optional
 
 import typer
 
-from . import app
-from .common import console, emit_json
+from .common import app, console, emit_json
 
 
 def _names(values: Optional[list[str]]) -> tuple[str, ...]:

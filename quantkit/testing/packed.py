@@ -48,7 +48,7 @@ def make_packed(n: int, k: int, bits: int, group_size: int, symmetric: bool, g_i
 
 
 class FakeQuantLinear(torch.nn.Module):
-    """The attributes quantkit.nn.QuantLinear exposes to the kernels (the real class lives in quantkit.nn)."""
+    """The attributes QuantLinear exposes to the kernels, without a checkpoint behind them."""
 
     def __init__(self, p: Packed, bias: torch.Tensor | None = None):
         super().__init__()

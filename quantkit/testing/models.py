@@ -1,4 +1,4 @@
-"""Tiny random llama models for tests and demos: seconds to build, deterministic for a given seed."""
+"""Tiny random llama models for tests and benchmarks: seconds to build, deterministic for a given seed."""
 from __future__ import annotations
 
 import contextlib
