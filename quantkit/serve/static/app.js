@@ -1,66 +1,18 @@
-// quantkit playground: talks to the server's OpenAI-compatible endpoints and reads the per-token details
-// (text, logprob, drafted) each streamed chunk carries in `quantkit_tokens`. No framework, no build step.
+// quantkit playground: talks to the server's OpenAI-compatible endpoints (through api.js) and reads the
+// per-token details (text, logprob, drafted) each streamed chunk carries in `quantkit_tokens`. No framework,
+// no build step; view.js holds the DOM helpers.
 //
 // Safety rule: model output reaches the DOM only through textContent (or title), never innerHTML, so
 // generated text such as "<script>" is shown as text and never parsed as markup.
 "use strict";
 (() => {
-  const $ = (id) => document.getElementById(id);
+  const { request, postJSON, sseData, errorText } = window.quantkitApi;
+  const { $, el, renderTokens, setStatus, fmt, makeColumn, counter, note, resetCounters,
+    mode, sampling } = window.quantkitView;
   const state = {
     cfg: null, columns: [], running: false, ctrl: null,
     diverge: null, checked: 0, compareTurn: false,
   };
-
-  function el(tag, cls, text) {
-    const e = document.createElement(tag);
-    if (cls) e.className = cls;
-    if (text != null) e.textContent = text;
-    return e;
-  }
-
-  // One span per generated token; accepted draft tokens get their own class (and colour).
-  function renderTokens(container, tokens) {
-    const spans = [];
-    for (const t of tokens) {
-      const s = document.createElement("span");
-      s.className = t.drafted ? "tok drafted" : "tok";
-      s.textContent = t.text == null ? "" : String(t.text);
-      const bits = [];
-      if (typeof t.logprob === "number") bits.push("logprob " + t.logprob.toFixed(3));
-      if (t.drafted) bits.push("accepted draft");
-      s.title = bits.join(" · ");
-      container.appendChild(s);
-      spans.push(s);
-    }
-    return spans;
-  }
-
-  function setStatus(kind, text) {
-    const s = $("status");
-    s.dataset.state = kind;
-    s.textContent = text;
-  }
-
-  function fmt(v, digits, unit) {
-    return v == null || !isFinite(v) ? "–" : v.toFixed(digits) + (unit || "");
-  }
-
-  // ---- columns -----------------------------------------------------------------------------------------
-  function makeColumn(key, name, prefix) {
-    const node = $("column-template").content.firstElementChild.cloneNode(true);
-    node.dataset.col = key;
-    node.querySelector(".name").textContent = key === "base" ? name + " (base)" : name;
-    $("columns").appendChild(node);
-    return { key, name, prefix, node, transcript: node.querySelector(".transcript"), history: [], run: null };
-  }
-
-  function counter(col, k, text) {
-    col.node.querySelector(`[data-k="${k}"]`).textContent = text;
-  }
-
-  function note(col, text) {
-    col.node.querySelector(".note").textContent = text;
-  }
 
   function activeColumns() {
     return state.columns.filter((c) => c.key === "main" || $("compare").checked);
@@ -70,61 +22,6 @@
     const on = $("compare").checked && state.cfg.compare;
     for (const c of state.columns) c.node.hidden = c.key === "base" && !on;
     $("columns").classList.toggle("two", !!on);
-  }
-
-  function resetCounters(col) {
-    for (const k of ["tps", "ttft", "accept", "meanlen", "kl"]) counter(col, k, "–");
-    counter(col, "ntok", "0");
-    note(col, "");
-  }
-
-  // ---- settings ----------------------------------------------------------------------------------------
-  function mode() {
-    return $("mode-completion").checked ? "completion" : "chat";
-  }
-
-  function sampling() {
-    const num = (id, name) => {
-      const v = Number($(id).value);
-      if ($(id).value.trim() === "" || !isFinite(v)) throw new Error(`${name} must be a number`);
-      return v;
-    };
-    const out = {
-      temperature: num("temperature", "temperature"),
-      top_p: num("top_p", "top-p"),
-      max_tokens: Math.trunc(num("max_tokens", "max tokens")),
-    };
-    if ($("seed").value.trim() !== "") out.seed = Math.trunc(num("seed", "seed"));
-    return out;
-  }
-
-  // ---- streaming ---------------------------------------------------------------------------------------
-  async function* sseData(res) {
-    const reader = res.body.getReader();
-    const dec = new TextDecoder();
-    let buf = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += dec.decode(value, { stream: true });
-      let at;
-      while ((at = buf.indexOf("\n\n")) >= 0) {
-        const block = buf.slice(0, at);
-        buf = buf.slice(at + 2);
-        const data = block.split("\n").filter((l) => l.startsWith("data:"))
-          .map((l) => l.slice(5).trimStart()).join("\n");
-        if (data) yield data;
-      }
-    }
-  }
-
-  async function errorText(res) {
-    try {
-      const j = await res.json();
-      return (j.error && j.error.message) || res.statusText;
-    } catch (_) {
-      return `HTTP ${res.status}`;
-    }
   }
 
   function updateCounters(col) {
@@ -173,9 +70,7 @@
     }
     Object.assign(body, params, { model: col.name, stream: true });
     try {
-      const res = await fetch(col.prefix + path, {
-        method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal,
-      });
+      const res = await postJSON(col.prefix + path, body, signal);
       if (!res.ok) throw new Error(await errorText(res));
       run.rid = res.headers.get("x-request-id");
       for await (const data of sseData(res)) {
@@ -204,7 +99,7 @@
       run.done = true;
       updateDivergence();
       if (run.rid) {
-        const d = await fetch(`${col.prefix}/v1/details/${encodeURIComponent(run.rid)}`, { signal });
+        const d = await request(`${col.prefix}/v1/details/${encodeURIComponent(run.rid)}`, { signal });
         if (d.ok) finalCounters(col, (await d.json()).metrics);
       }
     } finally {
@@ -256,10 +151,7 @@
   async function fetchKL(col, signal) {
     const run = col.run;
     if (!run.ids.length || run.ids.some((id) => id == null)) return;
-    const res = await fetch("/v1/playground/kl", {
-      method: "POST", headers: { "Content-Type": "application/json" }, signal,
-      body: JSON.stringify({ ...run.request, completion_ids: run.ids }),
-    });
+    const res = await postJSON("/v1/playground/kl", { ...run.request, completion_ids: run.ids }, signal);
     if (!res.ok) throw new Error(await errorText(res));
     const out = await res.json();
     let sum = 0, max = 0;
@@ -351,7 +243,7 @@
   async function init() {
     let cfg;
     try {
-      const res = await fetch("/v1/playground");
+      const res = await request("/v1/playground");
       if (!res.ok) throw new Error(await errorText(res));
       cfg = await res.json();
     } catch (e) {
