@@ -25,7 +25,8 @@ from common import prompt_ids  # noqa: E402
 from quantkit.runtime import build  # noqa: E402
 from quantkit.runtime.engine import Engine  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
-from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, self_w4_draft  # noqa: E402
+from quantkit.drafts import self_w4_draft  # noqa: E402
+from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter  # noqa: E402
 
 
 def run(model, tok, prompts, n: int, tokens: int, factory, k: int, speculate: bool) -> float:

@@ -25,7 +25,8 @@ from common import SETS, decode_hf, decode_ours, half_weights, prompt_ids  # noq
 from quantkit.runtime import build  # noqa: E402
 from quantkit.runtime.generate import eos_ids  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
-from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, self_w4_draft  # noqa: E402
+from quantkit.drafts import self_w4_draft  # noqa: E402
+from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter  # noqa: E402
 
 
 def main():

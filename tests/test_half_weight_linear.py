@@ -18,7 +18,7 @@ from quantkit.runtime.engine import Engine
 from quantkit.runtime.half_weight_linear import HalfWeightLinear, available, exact_in_float16, fuse_modules
 from quantkit.runtime.packed_linear import PackedLinear
 from quantkit.runtime.relayout import float_linear, relayout_model
-from quantkit.runtime.speculative import self_w4_draft
+from quantkit.drafts import self_w4_draft
 from quantkit.testing.models import tiny_llama
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no FBGEMM (x86 only)")

@@ -15,7 +15,7 @@ from quantkit.runtime.generate import generate
 from quantkit.runtime.packed_linear import PackedLinear, available
 from quantkit.runtime.relayout import relayout_model as pack_model
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.speculative import self_w4_draft
+from quantkit.drafts import self_w4_draft
 from quantkit.testing.models import single_thread, tiny_llama
 
 pytestmark = pytest.mark.skipif(not available(), reason="this torch build has no oneDNN")

@@ -7,7 +7,8 @@ from quantkit.errors import UserError
 from quantkit.runtime import speculative as spec
 from quantkit.runtime.generate import Sequence, generate
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, accept, check_vocab, self_w4_draft
+from quantkit.drafts import self_w4_draft
+from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, accept, check_vocab
 from quantkit.testing.models import tiny_llama
 
 

@@ -33,7 +33,7 @@ def generate_cmd(
     """
     import torch
 
-    from ..runtime import build
+    from ..open_model import open_model
     from ..runtime.generate import generate
     from ..runtime.sampling import SamplingParams
 
@@ -43,13 +43,9 @@ def generate_cmd(
         raise UserError(f"--num-speculative-tokens must be at least 1, got {num_speculative_tokens}")
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             stop=list(stop)).validate()
-    build.set_threads(threads)
-    dt = build.parse_dtype(dtype)
-    tok = build.load_tokenizer(path)  # first: a broken tokenizer should not wait for the model to load
-    model = build.load_model(path, dt)
-    make_drafter = build.drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt)
-    if compile_ and not build.compile_decode(model):  # after the drafter: a self-w4 draft copies the eager model
-        typer.echo(build.STAYS_EAGER_NOTE, err=True)
+    opened = open_model(path, dtype=dtype, threads=threads, draft=draft, prompt_lookup=prompt_lookup,
+                        compile=compile_, warn=lambda note: typer.echo(note, err=True))
+    model, tok, make_drafter = opened.model, opened.tokenizer, opened.make_drafter
     if chat:
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                       tokenize=True, return_dict=False)

@@ -64,17 +64,13 @@ def warn_if_open(host: str, api_key: Optional[str], port: int) -> None:
 def load_engines(path, *, threads, dtype, draft, prompt_lookup, num_speculative_tokens, spec_max_batch, max_batch,
                  max_queue, kv_cache, compile_, compare):
     """The served model's engine, and the compare model (or None)."""
-    from ..runtime import build
+    from ..open_model import open_model
     from ..runtime.engine import Engine
     from ..serve.playground import load_compare
 
-    build.set_threads(threads)
-    dt = build.parse_dtype(dtype)
-    model = build.load_model(path, dt)
-    tok = build.load_tokenizer(path)
-    make_drafter = build.drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt)
-    if compile_ and not build.compile_decode(model):  # after the drafter: a self-w4 draft copies the eager model
-        typer.echo(build.STAYS_EAGER_NOTE, err=True)
+    opened = open_model(path, dtype=dtype, threads=threads, draft=draft, prompt_lookup=prompt_lookup,
+                        compile=compile_, warn=lambda note: typer.echo(note, err=True))
+    model, tok, make_drafter, dt = opened.model, opened.tokenizer, opened.make_drafter, opened.dtype
     if kv_cache == "fp8":
         from ..runtime.kv_cache import new_cache
 

@@ -1,21 +1,22 @@
-"""From command-line choices to objects: the target model, its tokenizer, and a drafter factory."""
+"""From command-line choices to runtime objects: the target model, its tokenizer, threads, compilation.
+
+Drafters are chosen one layer up (quantkit/drafts), since a self-draft is made by quantising."""
 from __future__ import annotations
 
 import types
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from ..errors import UserError
-from .speculative import ModelDrafter, PromptLookupDrafter, check_vocab, self_w4_draft
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "auto": None}
 
 
-def parse_dtype(name: str | None):
-    if name is None:
-        return None
+def parse_dtype(name):
+    """A --dtype name to a torch dtype; None and torch dtypes pass through."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
     if name not in DTYPES:
         raise UserError(f"unknown dtype '{name}'; choose one of: {', '.join(DTYPES)}")
     return DTYPES[name]
@@ -153,21 +154,3 @@ def load_tokenizer(path: str):
         detail = " ".join(str(e).split())[:200]
         raise UserError(f"the tokenizer in '{path}' does not load ({type(e).__name__}: {detail}); "
                         f"{_copy_tokenizer_hint(path)}") from None
-
-
-def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_lookup: int | None = None,
-                    dtype=None) -> Callable[[], object] | None:
-    """A function making one drafter per sequence (a model drafter holds that sequence's draft KV cache)."""
-    if draft and prompt_lookup:
-        raise UserError("choose one draft source: --draft or --prompt-lookup, not both")
-    if prompt_lookup:
-        PromptLookupDrafter(prompt_lookup)  # validates the n-gram size now rather than on the first request
-        return lambda: PromptLookupDrafter(prompt_lookup)
-    if not draft:
-        return None
-    if draft == "self-w4":
-        draft_model = self_w4_draft(target, packed=True)
-    else:
-        draft_model = load_model(draft, dtype)
-        check_vocab(target, draft_model, tokenizer, load_tokenizer(draft))
-    return lambda: ModelDrafter(draft_model)

@@ -6,15 +6,11 @@ so every verify forward yields between 1 and k+1 tokens whose joint law is exact
 """
 from __future__ import annotations
 
-import copy
-
 import torch
 
 from ..errors import UserError
 from . import sampling
 from .kv_cache import crop_to, forward, new_decode_cache
-from .opaque_linear import OpaqueLinear
-from .relayout import float_linear
 
 
 def accept(p, q: torch.Tensor | None, draft: list[int], generator: torch.Generator | None,
@@ -158,62 +154,3 @@ def check_vocab(target, draft, target_tok=None, draft_tok=None) -> None:
     if target_tok is not None and draft_tok is not None and target_tok.get_vocab() != draft_tok.get_vocab():
         raise UserError("the draft model's tokenizer maps tokens to different ids than the target's; "
                         "use a draft with the same tokenizer, or --prompt-lookup / --draft self-w4")
-
-
-def self_w4_draft(model, group_size: int = 128, packed: bool = False):
-    """A copy of `model` whose Linear weights are its own W4 RTN quantisation (lm_head kept).
-
-    packed=False: fake quantisation, the dequantised values in float Linears; the same draft tokens as the W4
-    checkpoint up to activation rounding, at the float model's speed. packed=True (what `--draft self-w4` uses
-    on a CPU): QuantLinear modules holding the packed codes, run by torch's int4 op with bf16 activations, and
-    a float16 copy of a float32 head, as the runtime loads a W4 checkpoint.
-    """
-    from ..schemes import get_scheme
-    from ..solvers.rtn import rtn_quantize
-
-    draft = copy.deepcopy(model)
-    head = draft.get_output_embeddings()
-    with torch.no_grad():
-        for name, mod in list(draft.named_modules()):
-            if not (type(mod) is torch.nn.Linear or isinstance(mod, OpaqueLinear)) or mod is head:
-                continue
-            weight = mod.weight.detach()  # a re-laid-out Linear rebuilds it: read it once
-            # The largest of group_size, /2, /4 dividing the width (SmolLM2's 576 takes 64), as quantize does.
-            gs = next((g for g in (group_size, group_size // 2, group_size // 4) if g and mod.in_features % g == 0),
-                      -1)
-            qw = rtn_quantize(weight, get_scheme("w4a16").with_options(group_size=gs))
-            if packed:
-                draft.set_submodule(name, _packed_w4(mod, qw, gs, weight.dtype))
-            elif isinstance(mod, OpaqueLinear):  # held as the runtime would hold these weights
-                deq = qw.dequantize().to(weight.dtype)
-                draft.set_submodule(name, float_linear(deq, mod.bias) or _plain_linear(deq, mod.bias))
-            else:
-                mod.weight.data = qw.dequantize().to(weight.dtype)
-    if packed:
-        from .half_head import use_half_head
-
-        use_half_head(draft)
-    return draft
-
-
-def _plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.Linear:
-    lin = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, dtype=weight.dtype)
-    with torch.no_grad():
-        lin.weight.copy_(weight)
-        if bias is not None:
-            lin.bias.copy_(bias)
-    return lin.requires_grad_(False)
-
-
-def _packed_w4(linear: torch.nn.Module, qw, group_size: int, dtype: torch.dtype):
-    from ..formats.pack import pack_int32
-    from ..nn import QuantLinear
-
-    m = QuantLinear(linear.in_features, linear.out_features, 4, group_size, symmetric=True,
-                    bias=linear.bias is not None, dtype=dtype)
-    m.weight_packed = pack_int32(qw.q, 4)
-    m.weight_scale = qw.scale.to(dtype).reshape(linear.out_features, -1)
-    if linear.bias is not None:
-        m.bias.data.copy_(linear.bias.data)
-    m.cpu_bf16_activations = qw.q.device.type == "cpu"  # torch's packed int4 op, as the loader sets it
-    return m

@@ -89,18 +89,15 @@ def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prom
     own engine. It drafts by prompt lookup when the served model does (no second draft model is loaded), and
     is compiled when the served one is (`--compile`; a float32 base in oneDNN's layout stays eager, its fastest, see
     build.compile_decode), so that their speeds compare like for like."""
-    from ..runtime import build
+    from ..open_model import open_model
+    from ..runtime.build import resolve_path
     from ..runtime.engine import Engine
-    from ..runtime.speculative import PromptLookupDrafter
 
-    base = build.load_model(path, dtype)
-    base_tok = build.load_tokenizer(path)
-    check_same_vocab(engine.model, base, engine.tokenizer, base_tok)
-    if compile_:
-        build.compile_decode(base)
-    drafter = (lambda: PromptLookupDrafter(prompt_lookup)) if prompt_lookup else None
-    base_engine = Engine(base, base_tok, drafter_factory=drafter, num_speculative_tokens=engine.k, **engine_kw)
-    return CompareModel(base_engine, name or Path(build.resolve_path(path)).name)
+    opened = open_model(path, dtype=dtype, prompt_lookup=prompt_lookup, compile=compile_, warn=lambda note: None)
+    check_same_vocab(engine.model, opened.model, engine.tokenizer, opened.tokenizer)
+    base_engine = Engine(opened.model, opened.tokenizer, drafter_factory=opened.make_drafter,
+                         num_speculative_tokens=engine.k, **engine_kw)
+    return CompareModel(base_engine, name or Path(resolve_path(path)).name)
 
 
 @dataclass

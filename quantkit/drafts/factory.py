@@ -1,0 +1,27 @@
+"""From --draft / --prompt-lookup to a function making one drafter per sequence."""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import UserError
+from ..runtime.build import load_model, load_tokenizer
+from ..runtime.speculative import ModelDrafter, PromptLookupDrafter, check_vocab
+from .self_w4 import self_w4_draft
+
+
+def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_lookup: int | None = None,
+                    dtype=None) -> Callable[[], object] | None:
+    """A function making one drafter per sequence (a model drafter holds that sequence's draft KV cache)."""
+    if draft and prompt_lookup:
+        raise UserError("choose one draft source: --draft or --prompt-lookup, not both")
+    if prompt_lookup:
+        PromptLookupDrafter(prompt_lookup)  # validates the n-gram size now rather than on the first request
+        return lambda: PromptLookupDrafter(prompt_lookup)
+    if not draft:
+        return None
+    if draft == "self-w4":
+        draft_model = self_w4_draft(target, packed=True)
+    else:
+        draft_model = load_model(draft, dtype)
+        check_vocab(target, draft_model, tokenizer, load_tokenizer(draft))
+    return lambda: ModelDrafter(draft_model)
