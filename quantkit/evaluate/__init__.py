@@ -19,26 +19,46 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
     `gates` ({name: bound}) adds report["gate_failures"]; `out_dir` writes report.json, report.md,
     answers.jsonl and the plots there.
     """
-    from pathlib import Path
-
-    from ..data import load_eval_windows, load_tasks
-    from ..data.tokens import prefix_special_ids
-    from ..errors import UserError
     from . import gates as G
     from .models import load_tokenizer, parse_specs
-    from .runner import _dtype_for, evaluate_model
-    from .store import LogProbStore
 
-    log = log or (lambda msg: None)
     gates = dict(gates or {})
+    _check_args(data, tasks, max_new_tokens)
+    G.validate_inputs(gates, bool(data), bool(tasks))
+    specs = parse_specs(str(base), [str(v) for v in (variants or [])])
+    tok = load_tokenizer(specs)
+    inputs = _inputs(tok, data, tasks, seq_len, stride, max_windows, text_field)
+    settings = {"data": str(data) if data else None, "tasks": str(tasks) if tasks else None, "seq_len": seq_len,
+                "windows": len(inputs["windows"]), "stride": inputs["stride"], "num_tasks": len(inputs["tasks"]),
+                "max_new_tokens": max_new_tokens, "device": str(device), "dtype": str(dtype)}
+    if inputs["windows"]:
+        settings["data_sha256"] = inputs["windows"].meta.get("sha256")
+    rows, kls, items = _evaluate_all(specs, tok, inputs, max_new_tokens, device, dtype, scratch_dir,
+                                     log or (lambda msg: None))
+    report = {"base": specs[0].label, "settings": settings, "variants": rows}
+    if gates:
+        report["gates"] = gates
+        report["gate_failures"] = G.check_gates(report, gates)
+    if out_dir is not None:
+        _write(report, kls, items, out_dir, plots)
+    return report
+
+
+def _check_args(data, tasks, max_new_tokens) -> None:
+    from ..errors import UserError
+
     if not data and not tasks:
         raise UserError("nothing to evaluate; pass --data SPEC (perplexity text) and/or --tasks FILE.jsonl "
                         "(e.g. calibration/tasks/eval_tasks.jsonl)")
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be at least 1, got {max_new_tokens}")
-    G.validate_inputs(gates, bool(data), bool(tasks))
-    specs = parse_specs(str(base), [str(v) for v in (variants or [])])
-    tok = load_tokenizer(specs)
+
+
+def _inputs(tok, data, tasks, seq_len, stride, max_windows, text_field) -> dict:
+    """What every model is scored on: perplexity windows (and their scored body length) and task prompts."""
+    from ..data import load_eval_windows, load_tasks
+    from ..data.tokens import prefix_special_ids
+
     task_list = load_tasks(tasks) if tasks else []
     windows, body, stride_used = [], 0, 0
     if data:
@@ -46,20 +66,24 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
                                     text_field=text_field)
         body = seq_len - len(prefix_special_ids(tok))
         stride_used = windows.meta["stride"]
-    prompts = [tok(t.prompt)["input_ids"] for t in task_list]
-    settings = {"data": str(data) if data else None, "tasks": str(tasks) if tasks else None, "seq_len": seq_len,
-                "windows": len(windows), "stride": stride_used, "num_tasks": len(task_list),
-                "max_new_tokens": max_new_tokens, "device": str(device), "dtype": str(dtype)}
-    if windows:
-        settings["data_sha256"] = windows.meta.get("sha256")
-    rows, kls, items = [], {}, {}
+    return {"tasks": task_list, "windows": windows, "body": body, "stride": stride_used,
+            "prompts": [tok(t.prompt)["input_ids"] for t in task_list]}
+
+
+def _evaluate_all(specs, tok, inputs: dict, max_new_tokens, device, dtype, scratch_dir, log):
+    """(report rows, per-variant KL arrays, per-task outputs of every model): the base first, then each variant
+    against the base's log-probs and answers."""
+    from .runner import _dtype_for, evaluate_model
+    from .store import LogProbStore
+
+    rows, kls, items, base_answers = [], {}, {}, {}
     store = LogProbStore(scratch_dir)
-    base_answers = {}
     try:
         for i, spec in enumerate(specs):
-            res = evaluate_model(spec, is_base=i == 0, tok=tok, windows=windows, body=body, stride=stride_used,
-                                 tasks=task_list, prompts=prompts, max_new=max_new_tokens, device=device,
-                                 dtype=_dtype_for(device, dtype), store=store, base_answers=base_answers, log=log)
+            res = evaluate_model(spec, is_base=i == 0, tok=tok, windows=inputs["windows"], body=inputs["body"],
+                                 stride=inputs["stride"], tasks=inputs["tasks"], prompts=inputs["prompts"],
+                                 max_new=max_new_tokens, device=device, dtype=_dtype_for(device, dtype),
+                                 store=store, base_answers=base_answers, log=log)
             if i == 0:
                 base_answers = res["answers"]
             rows.append(res["row"])
@@ -70,23 +94,22 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
                 rec["outputs"][spec.label] = it["output"]
     finally:
         store.close()
-    for t in task_list:
+    for t in inputs["tasks"]:
         if t.id in items:
             items[t.id]["prompt"], items[t.id]["answer"] = t.prompt, t.answer
-    report = {"base": specs[0].label, "settings": settings, "variants": rows}
-    if gates:
-        report["gates"] = gates
-        report["gate_failures"] = G.check_gates(report, gates)
-    if out_dir is not None:
-        import json
+    return rows, kls, items
 
-        from .plot import make_plots
-        from .report import write_reports
 
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        made = make_plots(report, kls, out) if plots else []
-        report["files"] = write_reports(report, items, out, made)
-        # report.json is written before "files" is known; rewrite so it lists them too.
-        (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    return report
+def _write(report: dict, kls: dict, items: dict, out_dir, plots: bool) -> None:
+    import json
+    from pathlib import Path
+
+    from .plot import make_plots
+    from .report import write_reports
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    made = make_plots(report, kls, out) if plots else []
+    report["files"] = write_reports(report, items, out, made)
+    # report.json is written before "files" is known; rewrite so it lists them too.
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
