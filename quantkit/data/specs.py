@@ -10,7 +10,7 @@ from ..errors import UserError
 from ..shipped import shipped_dir
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)  # built from YAML keys only, never by position
 class DatasetSpec:
     name: str
     hub: str

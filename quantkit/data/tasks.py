@@ -10,6 +10,8 @@ from ..errors import UserError
 
 @dataclass(frozen=True)
 class Task:
+    """One line of a task set: a prompt, and the answer when the set has references."""
+
     id: str
     task: str
     prompt: str

@@ -37,3 +37,8 @@ def unpack_int32(packed: torch.Tensor, bits: int, n: int, dim: int = 1) -> torch
     u = (packed.unsqueeze(-1) >> shifts) & ((1 << bits) - 1)
     u = u.reshape(packed.shape[0], -1)[:, :n]
     return (u - (1 << (bits - 1))).to(torch.int8)
+
+
+def unpacked_width(packed: torch.Tensor, bits: int, in_features: int | None = None) -> int:
+    """Columns of the unpacked matrix: IN_FEATURES when the caller knows it, else every slot of the int32 words."""
+    return in_features if in_features is not None else packed.shape[1] * (32 // bits)

@@ -36,6 +36,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
 
 
+class _WithGroupSize(_Strict):
+    """A section with a group_size field: checked the same way wherever it appears."""
+
+    @field_validator("group_size", check_fields=False)
+    @classmethod
+    def _group(cls, v):
+        return _check_group_size(v)
+
+
 class GPTQOptions(_Strict):
     """GPTQ: Hessian-based error compensation, column by column (method gptq or awq+gptq)."""
 
@@ -58,7 +67,7 @@ class AWQOptions(_Strict):
         "error", description="What to do with an architecture that has no AWQ map.")
 
 
-class TargetOverride(_Strict):
+class TargetOverride(_WithGroupSize):
     """One per-module override: Linears matching `match` get this scheme instead of quant.scheme."""
 
     match: str = Field(..., description="Module name glob, 're:<regex>' or a module class name (e.g. 'Linear').")
@@ -66,13 +75,9 @@ class TargetOverride(_Strict):
     group_size: int | None = Field(None, description="Group size for these Linears; default from the scheme.")
     symmetric: bool | None = Field(None, description="Symmetric grid for these Linears; default quant.symmetric.")
 
-    @field_validator("group_size")
-    @classmethod
-    def _group(cls, v):
-        return _check_group_size(v)
 
 
-class QuantOptions(_Strict):
+class QuantOptions(_WithGroupSize):
     """What to quantise and how: the default scheme, the solver and its knobs, what stays in float."""
 
     scheme: SchemeName = Field("w4a16", description="Default scheme for every targeted Linear.")
@@ -90,10 +95,6 @@ class QuantOptions(_Strict):
     awq: AWQOptions = Field(default_factory=AWQOptions, description="AWQ knobs (method awq or awq+gptq).")
     kv_cache: Literal["fp8"] | None = Field(None, description="Calibrate and store an FP8 KV cache scale.")
 
-    @field_validator("group_size")
-    @classmethod
-    def _group(cls, v):
-        return _check_group_size(v)
 
 
 class CalibrationOptions(_Strict):

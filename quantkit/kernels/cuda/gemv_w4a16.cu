@@ -3,6 +3,8 @@
 // them in flight before any arithmetic, and keeps M float32 accumulators; a shuffle reduction finishes the row.
 // Decode is memory-bound: the packed weight is read exactly once, activations come from L1/L2.
 // Preconditions (checked by the binding): K % 32 == 0, group_size % 8 == 0 or <= 0, 16-byte aligned pointers.
+#include <type_traits>
+
 #include "qk_common.cuh"
 
 namespace {
@@ -10,21 +12,16 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kUnroll = 4;
 
-__device__ __forceinline__ void to_float8(const uint4& v, __half, float out[8]) {
-  const __half2* h = reinterpret_cast<const __half2*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __half22float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
+__device__ __forceinline__ float2 pair_to_float2(__half2 h) { return __half22float2(h); }
+__device__ __forceinline__ float2 pair_to_float2(__nv_bfloat162 h) { return __bfloat1622float2(h); }
 
-__device__ __forceinline__ void to_float8(const uint4& v, __nv_bfloat16, float out[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+// Eight 16-bit activations from one 16-byte load; Pair is the two-lane type of T (__half2 or __nv_bfloat162).
+template <typename T, typename Pair = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>>
+__device__ __forceinline__ void to_float8(const uint4& v, T, float out[8]) {
+  const Pair* h = reinterpret_cast<const Pair*>(&v);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
+    const float2 f = pair_to_float2(h[i]);
     out[2 * i] = f.x;
     out[2 * i + 1] = f.y;
   }

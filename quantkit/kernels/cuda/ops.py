@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ...errors import UserError
+from ...formats.pack import unpacked_width
 
 SOURCES = ("binding.cpp", "dequant.cu", "gemv_w4a16.cu")
 GEMV_MAX_ROWS = 4
@@ -61,8 +62,7 @@ def dequantize_int(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
                    weight_zero_point: torch.Tensor | None = None, g_idx: torch.Tensor | None = None,
                    group_size: int = 128, bits: int = 4, in_features: int | None = None,
                    out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None) -> torch.Tensor:
-    if in_features is None:
-        in_features = weight_packed.shape[1] * (32 // bits)
+    in_features = unpacked_width(weight_packed, bits, in_features)
     if out is None:
         out = torch.empty(weight_packed.shape[0], in_features, dtype=out_dtype, device=weight_packed.device)
     load().dequant_int(weight_packed.contiguous(), weight_scale.to(out.dtype).contiguous(),

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from ...errors import UserError
+from ...formats.pack import unpacked_width
 from ._args import int_layout, require_same_device
 from ._tile import dequant_tile
 
@@ -31,8 +32,7 @@ def dequantize_int(weight_packed: torch.Tensor, weight_scale: torch.Tensor,
                    group_size: int = 128, bits: int = 4, in_features: int | None = None,
                    out_dtype: torch.dtype = torch.float16, out: torch.Tensor | None = None) -> torch.Tensor:
     """[out, in] weight in out_dtype (or written into `out`, a reusable buffer of that shape)."""
-    if in_features is None:
-        in_features = weight_packed.shape[1] * (32 // bits)
+    in_features = unpacked_width(weight_packed, bits, in_features)
     require_same_device(weight_packed, weight_scale, weight_zero_point, g_idx)
     lay = int_layout(weight_packed, weight_scale, weight_zero_point, g_idx, group_size, bits, in_features, 64)
     if out is None:
