@@ -13,7 +13,7 @@ from torch import nn
 
 from .errors import UserError
 from .recipe import Recipe
-from .schemes import Scheme, get_scheme
+from .schemes import Scheme, get_scheme, scale_dtype_for
 from .solvers.base import LinearSolver
 from .targets import matches
 
@@ -23,12 +23,6 @@ GROUP_FALLBACKS = (64, 32)  # tried after the scheme's own group size when the u
 FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False,
                  "group_size": None, "block_structure": None, "actorder": None, "observer": "minmax",
                  "observer_kwargs": {}}
-
-
-def scale_dtype_for(storage: torch.dtype) -> torch.dtype:
-    """Scales are stored, and codes solved against them, in the dtype the checkpoint is written in; float32
-    checkpoints keep float16 scales, the widest dtype every engine's W4 kernel reads."""
-    return storage if storage != torch.float32 else torch.float16
 
 
 def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:

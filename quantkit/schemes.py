@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+import torch
+
 from .errors import UserError
 
 
@@ -60,3 +62,9 @@ def get_scheme(name: str) -> Scheme:
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise UserError(f"unknown scheme '{name}'{hint}; choose one of: {', '.join(PRESETS)}")
     return PRESETS[name]
+
+
+def scale_dtype_for(storage: torch.dtype) -> torch.dtype:
+    """The dtype scales are stored, and codes solved against, for a checkpoint written in STORAGE: the same
+    dtype, except that float32 checkpoints keep float16 scales, the widest every engine's W4 kernel reads."""
+    return storage if storage != torch.float32 else torch.float16

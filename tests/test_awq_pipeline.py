@@ -90,3 +90,19 @@ def test_awq_gptq_checkpoint_loads_and_matches_the_quantised_model(tmp_path, arc
     assert ((got - want).norm() / want.norm()).item() < 1e-4
     # and it is a quantised model, not the float one
     assert ((got - float_logits).norm() / float_logits.norm()).item() > 1e-3
+
+
+def test_awq_searches_with_the_scales_the_checkpoint_stores(tmp_path):
+    """On a CPU the model computes in float32, but a bfloat16 model's checkpoint stores bfloat16 scales: AWQ's
+    alpha and clip searches must score those, not the float16 ones the float32 weights would suggest."""
+    import torch
+
+    from helpers import tiny_model
+    from quantkit.pipeline.sequential import transforms_for
+
+    model = tiny_model("llama")
+    recipe = Recipe.model_validate({"quant": {"method": "awq", "group_size": 32}})
+    for storage, want in ((torch.bfloat16, torch.bfloat16), (torch.float16, torch.float16),
+                          (torch.float32, torch.float16)):
+        awq = transforms_for(model, build_plan(model, recipe, storage))[0]
+        assert awq._scale_dtype(torch.float32) == want

@@ -35,7 +35,7 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
     if plan.awq is not None:
         from ..solvers.awq import AWQTransform
 
-        out.append(AWQTransform(model, plan.awq))
+        out.append(AWQTransform(model, {**plan.awq, "scale_dtype": plan.options["scale_dtype"]}))
     if plan.kv_scheme is not None:
         from ..solvers.kv_scales import KVScaleObserver
 

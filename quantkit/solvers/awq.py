@@ -28,7 +28,7 @@ from torch import nn
 
 from ..pipeline import capture
 from ..errors import UserError
-from ..schemes import Scheme
+from ..schemes import Scheme, scale_dtype_for
 from .awq_clip import GramAccumulator, apply_clip, group_width, search_clip
 from .awq_fold import fold_scales, prev_width
 from .awq_maps import ArchMap, ScaleGroup, map_for, mapped_architectures
@@ -149,6 +149,8 @@ class AWQTransform(LayerTransform):
         self.duo = bool(options.get("duo", False))
         self.clip = bool(options.get("clip", True))
         self.search_tokens = int(options.get("search_tokens", SEARCH_TOKENS))
+        # the dtype the checkpoint stores scales in (the plan's rule); None: the layer's own, float16 for float32
+        self.scale_dtype = options.get("scale_dtype")
         cfg = model.config
         self.arch: ArchMap | None = map_for(cfg)
         self.model_type = getattr(cfg, "model_type", type(model).__name__)
@@ -202,6 +204,11 @@ class AWQTransform(LayerTransform):
         for n in full.values():
             stats.setdefault(n, {}).update(awq_alpha=alpha, awq_block_error=err, rtn_block_error=base)
 
+    def _scale_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
+        """Searches score the scales the checkpoint will hold: on a CPU the model computes in float32 while a
+        bfloat16 model's scales are stored in bfloat16, so the weight's own dtype is the wrong guide."""
+        return self.scale_dtype if self.scale_dtype is not None else scale_dtype_for(weight_dtype)
+
     @torch.no_grad()
     def _search(self, block, group: ScaleGroup, linears: dict, quantised: dict, data: _GroupData):
         work = copy.deepcopy(block).float()
@@ -209,8 +216,7 @@ class AWQTransform(LayerTransform):
         originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
         refs = [_first(work(*a, **kw)) for a, kw in data.calls]
         power = sum(float(r.double().pow(2).sum()) for r in refs) or 1.0
-        dtype = next(iter(linears.values())).weight.dtype
-        scale_dtype = dtype if dtype != torch.float32 else torch.float16
+        scale_dtype = self._scale_dtype(next(iter(linears.values())).weight.dtype)
         gs = group_width(next(iter(quantised.values())), next(iter(linears.values())).in_features)
         w_mean = weight_profile(list(originals.values()), gs) if self.duo else None
         x_mean = data.x_mean
@@ -246,8 +252,7 @@ class AWQTransform(LayerTransform):
         capture.feed_group(layer, list(todo), inputs, lambda m, x: grams[m].add(x))
         for m, (_, full, sch) in todo.items():
             w = m.weight.data.float()
-            scale_dtype = m.weight.dtype if m.weight.dtype != torch.float32 else torch.float16
-            ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, scale_dtype)
+            ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, self._scale_dtype(m.weight.dtype))
             m.weight.data = apply_clip(w, ratio, sch).to(m.weight.dtype)
             stats.setdefault(full, {}).update(awq_clip_mean=round(float(ratio.mean()), 4),
                                               awq_clip_min=round(float(ratio.min()), 4))
