@@ -52,7 +52,7 @@ def read_bandwidth(nbytes: int = 512 << 20, reps: int = 5) -> float:
 def weight_bytes_per_token(model) -> int:
     """Bytes of weights a decode step reads: every parameter and buffer once; a tied embedding is read once
     (as lm_head), and the embedding lookup itself only touches one row."""
-    from quantkit.runtime.opaque_linear import OpaqueLinear
+    from quantkit.linear.opaque import OpaqueLinear
 
     seen, total = set(), 0
     for t in list(model.parameters()) + list(model.buffers()):
@@ -115,7 +115,7 @@ def decode_hf(model, prompts, n, **kw):
 @contextlib.contextmanager
 def half_weights(allowed: bool):
     """Load with or without FBGEMM's float16 weights (relayout.py asks half_weight_linear.available)."""
-    from quantkit.runtime import half_weight_linear
+    from quantkit.linear import half_weight as half_weight_linear
 
     real = half_weight_linear.available
     if not allowed:

@@ -67,7 +67,7 @@ def main():
     bw, copy_bw = read_bandwidth(), copy_bandwidth()
     rows = []
     # the float model is SmolLM2 as stored (float16) run in float32: the runtime holds its weights in float16 and
-    # multiplies in float32 (runtime/half_weight_linear.py), transformers holds them in float32
+    # multiplies in float32 (linear/half_weight.py), transformers holds them in float32
     variants = [("float (fp16 weights, fp32 products)", "embedded", True)]
     if a.float32_weights:
         variants.append(("float (fp32 weights, oneDNN)", "embedded", False))

@@ -5,8 +5,8 @@ Usage: python bench/float_layout.py [--rows 1,2,4,5,13,32] [--threads 1]
 Times one pass over 30 layers' q, k, v, o, gate, up and down projections (random weights of the real shapes, so
 the 420 MB do not fit in any cache), and the 49152 x 576 output head alone, for each row count: MKL with the
 weight as nn.Linear stores it ([out, in]), MKL with it stored transposed ([in, out], what the runtime used
-before), runtime/packed_linear.py's PackedLinear (oneDNN, rows below 4 padded), and
-runtime/half_weight_linear.py's HalfWeightLinear (the weights rounded to float16, as a float16 checkpoint's are:
+before), linear/packed.py's PackedLinear (oneDNN, rows below 4 padded), and
+linear/half_weight.py's HalfWeightLinear (the weights rounded to float16, as a float16 checkpoint's are:
 half the bytes, float32 products). Best of 5 passes, in ms.
 """
 from __future__ import annotations
@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from quantkit.runtime.half_weight_linear import HalfWeightLinear, available as half_available  # noqa: E402
-from quantkit.runtime.packed_linear import PackedLinear  # noqa: E402
+from quantkit.linear.half_weight import HalfWeightLinear, available as half_available  # noqa: E402
+from quantkit.linear.packed import PackedLinear  # noqa: E402
 
 SHAPES = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]  # [out, in]
 LAYERS = 30

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from quantkit import e4m3
-    from quantkit.nn_fp8 import FP8Linear, fp8_matmul_supported
+    from quantkit.linear.fp8 import FP8Linear, fp8_matmul_supported
 
     if not torch.cuda.is_available():
         print("bench/fp8_gpu.py needs a CUDA GPU with FP8 tensor cores (compute capability >= 8.9, e.g. L4, "

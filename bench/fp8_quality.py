@@ -81,7 +81,7 @@ def perplexity(model, windows, fp8_kv: bool, ref: list | None = None,
 
 @contextlib.contextmanager
 def activations_unquantised(active: bool):
-    from quantkit.nn_fp8 import FP8Linear
+    from quantkit.linear.fp8 import FP8Linear
 
     original = FP8Linear.quantize_input
     if active:

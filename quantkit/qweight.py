@@ -1,6 +1,9 @@
 """The result of solving one Linear: integer (or FP8) codes plus what it takes to dequantise them.
 
-Solvers produce it, the checkpoint writer consumes it; neither knows the other.
+Solvers produce it, the checkpoint writer consumes it; neither knows the other. The integer dequantisation here
+(dequantize_int, over unpacked codes) is the only one: the kernels' float reference (kernels/reference.py)
+unpacks a checkpoint's tensors and calls it, so what a solver settled on and what a loaded layer computes
+with are the same maths; dequantize_fp8 is FP8's, for QWeight, FP8Linear and the kernels' reference alike.
 """
 from __future__ import annotations
 
@@ -8,7 +11,34 @@ from dataclasses import dataclass, field
 
 import torch
 
+from . import e4m3
 from .schemes import Scheme
+
+
+def group_index(in_features: int, group_size: int, g_idx: torch.Tensor | None = None,
+                device=None) -> torch.Tensor:
+    """Group of every input column: g_idx when given (act-order), else column // group_size."""
+    if g_idx is not None:
+        return g_idx.long()
+    if group_size == -1:
+        return torch.zeros(in_features, dtype=torch.long, device=device)
+    return torch.arange(in_features, device=device) // group_size
+
+
+def dequantize_int(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None,
+                   groups: torch.Tensor) -> torch.Tensor:
+    """float32 [out, in] from signed integer codes [out, in], scales and zero points [out, n_groups] and the
+    group of every input column (group_index)."""
+    q = q.float()
+    if zero is not None:
+        q = q - zero.float()[:, groups]
+    return q * scale.float()[:, groups]
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 [out, in] from E4M3 codes [out, in] and a per-channel ([out, 1] or [out]) or per-tensor ([1])
+    scale."""
+    return e4m3.dequantize(q, scale.reshape(-1, 1) if scale.numel() > 1 else scale)
 
 
 @dataclass
@@ -26,20 +56,10 @@ class QWeight:
         return tuple(self.q.shape)
 
     def group_of_columns(self) -> torch.Tensor:
-        n_in = self.q.shape[1]
-        if self.g_idx is not None:
-            return self.g_idx.long()
-        if self.scheme.is_fp8 or self.scheme.group_size == -1:
-            return torch.zeros(n_in, dtype=torch.long)
-        return torch.arange(n_in) // self.scheme.group_size
+        return group_index(self.q.shape[1], -1 if self.scheme.is_fp8 else self.scheme.group_size, self.g_idx)
 
     def dequantize(self) -> torch.Tensor:
         """float32 [out, in]."""
         if self.scheme.is_fp8:
-            return self.q.float() * self.scale.float().reshape(-1, 1) if self.scale.numel() > 1 \
-                else self.q.float() * self.scale.float()
-        gi = self.group_of_columns().to(self.q.device)
-        q = self.q.float()
-        if self.zero is not None:
-            q = q - self.zero.float()[:, gi]
-        return q * self.scale.float()[:, gi]
+            return dequantize_fp8(self.q, self.scale)
+        return dequantize_int(self.q, self.scale, self.zero, self.group_of_columns().to(self.q.device))

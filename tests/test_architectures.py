@@ -4,7 +4,7 @@ import torch
 
 import quantkit
 from helpers import TINY_ARCHS, make_tiny_model, rel_err
-from quantkit.nn import QuantLinear
+from quantkit.linear.quant import QuantLinear
 
 IDS = torch.tensor([[5, 9, 100, 33, 2, 250, 7]])
 

@@ -7,7 +7,7 @@ from safetensors import safe_open
 
 import quantkit
 from helpers import make_tiny_model, rel_err, tree_hash
-from quantkit.nn import QuantLinear
+from quantkit.linear.quant import QuantLinear
 
 IDS = torch.tensor([[3, 17, 250, 99, 4, 410, 12, 77, 301, 5]])
 

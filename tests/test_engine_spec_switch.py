@@ -48,8 +48,8 @@ def test_default_limit_depends_on_the_model_kind(tmp_path, cli):
     """Measured in bench/spec_batch.py: speculation pays up to ~8 requests for a float model in oneDNN's float32
     layout, 3 with float16-held weights, 2 for a W4 checkpoint on a CPU; the engine picks by what the model holds
     unless told."""
-    from quantkit.runtime import half_weight_linear
-    from quantkit.runtime.relayout import relayout_model
+    from quantkit.linear import half_weight as half_weight_linear
+    from quantkit.linear.dispatch import relayout_model
 
     import quantkit
     from helpers import make_tiny_model

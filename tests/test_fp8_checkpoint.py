@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 import quantkit
 from quantkit.formats.writer import write_checkpoint
-from quantkit.nn_fp8 import FP8Linear
+from quantkit.linear.fp8 import FP8Linear
 from quantkit.pipeline import quantize_model
 from quantkit.plan import build_plan
 from quantkit.recipe import Recipe

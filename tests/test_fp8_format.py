@@ -10,7 +10,7 @@ import torch
 
 from quantkit import e4m3
 from quantkit.errors import UserError
-from quantkit.nn_fp8 import FP8Linear
+from quantkit.linear.fp8 import FP8Linear
 from quantkit.schemes import get_scheme
 from quantkit.solvers.fp8 import INPUT_MARGIN, FP8Solver, fp8_quantize
 

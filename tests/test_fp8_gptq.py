@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import quantkit
-from quantkit.nn_fp8 import FP8Linear
+from quantkit.linear.fp8 import FP8Linear
 from quantkit.plan import build_plan, solver_for
 from quantkit.recipe import Recipe
 from quantkit.schemes import get_scheme

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from quantkit.testing.packed import make_packed
-from quantkit.nn import QuantLinear
-from quantkit.runtime.fused_proj import fuse
+from quantkit.linear.quant import QuantLinear
+from quantkit.linear.fused import fuse
 
 
 def _quant_linear(n: int, k: int, seed: int, g_idx=None, bias=False) -> QuantLinear:

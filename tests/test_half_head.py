@@ -1,4 +1,4 @@
-"""The float16 output head of the runtime's CPU fast path (quantkit/runtime/half_head.py)."""
+"""The float16 output head of the runtime's CPU fast path (quantkit/linear/half_head.py)."""
 from __future__ import annotations
 
 import pytest
@@ -7,8 +7,8 @@ from torch import nn
 
 import quantkit
 from helpers import make_tiny_model
-from quantkit.runtime import half_weight_linear as half
-from quantkit.runtime.half_head import SAFE_ABSMAX, HalfHead, use_half_head
+from quantkit.linear import half_weight as half
+from quantkit.linear.half_head import SAFE_ABSMAX, HalfHead, use_half_head
 from quantkit.testing.models import tiny_llama
 
 # FBGEMM's float16-weight product where torch has it (x86), else torch's own float16 product

@@ -1,5 +1,5 @@
-"""float16 weights with float32 products (runtime/half_weight_linear.py, FBGEMM) and the runtime's choice of layout
-per Linear (runtime/relayout.py): the same products, rows independent of their batch, nothing lost where the
+"""float16 weights with float32 products (linear/half_weight.py, FBGEMM) and the runtime's choice of layout
+per Linear (linear/relayout.py): the same products, rows independent of their batch, nothing lost where the
 weights are float16 numbers, and the runtime's models decoding the same tokens through them."""
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from torch import nn
 from helpers import NumberTokenizer, assert_relaid_decodes_like, make_tiny_model, rel_err, repeat_prompts, \
     run_together_as_alone
 from quantkit.runtime import build
-from quantkit.runtime import half_weight_linear as hw
+from quantkit.linear import half_weight as hw
 from quantkit.runtime.engine import Engine
-from quantkit.runtime.half_weight_linear import HalfWeightLinear, available, exact_in_float16, fuse_modules
-from quantkit.runtime.packed_linear import PackedLinear
-from quantkit.runtime.relayout import float_linear, relayout_model
+from quantkit.linear.half_weight import HalfWeightLinear, available, exact_in_float16, fuse_modules
+from quantkit.linear.packed import PackedLinear
+from quantkit.linear.dispatch import relayout_model
+from quantkit.linear.relayout import float_linear
 from quantkit.drafts import self_w4_draft
 from quantkit.testing.models import tiny_llama
 

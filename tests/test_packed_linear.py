@@ -1,4 +1,4 @@
-"""float32 Linears in oneDNN's layout (runtime/packed_linear.py): the same products, rows independent of their
+"""float32 Linears in oneDNN's layout (linear/packed.py): the same products, rows independent of their
 batch, and the runtime's models decoding the same tokens through them."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from helpers import assert_relaid_decodes_like, greedy_with_and_without_lookup, 
     repeat_prompts
 from quantkit.runtime import build
 from quantkit.runtime.generate import generate
-from quantkit.runtime.packed_linear import PackedLinear, available
-from quantkit.runtime.relayout import relayout_model as pack_model
+from quantkit.linear.packed import PackedLinear, available
+from quantkit.linear.dispatch import relayout_model as pack_model
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.drafts import self_w4_draft
 from quantkit.testing.models import single_thread, tiny_llama

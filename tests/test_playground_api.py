@@ -253,10 +253,11 @@ def test_compare_base_is_compiled_with_the_served_model(folders, monkeypatch):
     a base whose Linears hold float16 weights with float32 products (FBGEMM) or are left as nn.Linear (here a
     float16 base where FBGEMM is made unavailable) compiles; one in oneDNN's float32 layout stays eager, where
     those products are faster than a compiled graph."""
-    from quantkit.runtime import build, compiled, half_weight_linear
+    from quantkit.linear import half_weight as half_weight_linear
+    from quantkit.linear.half_weight import HalfWeightLinear
+    from quantkit.linear.packed import PackedLinear
+    from quantkit.runtime import build, compiled
     from quantkit.runtime.engine import Engine
-    from quantkit.runtime.half_weight_linear import HalfWeightLinear
-    from quantkit.runtime.packed_linear import PackedLinear
     from quantkit.serve.playground import load_compare
 
     served = build.load_model(str(folders["quant"]))

@@ -12,7 +12,7 @@ import yaml
 import quantkit
 import quantkit.cli.recipe_cmd  # noqa: F401  (registers `recipe` and `run` until cli/__init__ imports it)
 from helpers import make_tiny_model, rel_err
-from quantkit.nn import QuantLinear
+from quantkit.linear.quant import QuantLinear
 from quantkit.recipe import Recipe, load_recipe, parse_recipe, preset_names, recipes_dir
 
 

@@ -214,7 +214,7 @@ def test_self_w4_draft_is_a_quantised_copy(model):
 def test_packed_self_w4_draft_holds_the_same_codes_and_keeps_output_exact(model):
     """`--draft self-w4` on a CPU: packed int4 modules with exactly the fake-quant copy's weights; drafts from
     them (bf16 activations) may differ, the target's greedy output may not."""
-    from quantkit.nn import QuantLinear
+    from quantkit.linear.quant import QuantLinear
 
     fake = self_w4_draft(model, group_size=32)
     packed = self_w4_draft(model, group_size=32, packed=True)

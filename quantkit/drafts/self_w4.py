@@ -10,10 +10,10 @@ import copy
 import torch
 
 from ..formats.pack import pack_int32
-from ..nn import QuantLinear
-from ..runtime.half_head import use_half_head
-from ..runtime.opaque_linear import OpaqueLinear
-from ..runtime.relayout import float_linear
+from ..linear.half_head import use_half_head
+from ..linear.opaque import OpaqueLinear
+from ..linear.quant import QuantLinear
+from ..linear.relayout import float_linear
 from ..schemes import get_scheme
 from ..solvers.rtn import rtn_quantize
 

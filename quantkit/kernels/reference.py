@@ -1,19 +1,14 @@
-"""The truth every kernel is tested against: unpack, dequantise and matmul in float32, in plain PyTorch."""
+"""The truth every kernel is tested against: unpack, dequantise and matmul in float32, in plain PyTorch.
+
+The dequantisation itself is the solver side's (qweight.dequantize_int for integer codes, dequantize_fp8 for
+E4M3 weights), so a checkpoint's tensors and the QWeight they were written from decode through the same maths.
+"""
 from __future__ import annotations
 
 import torch
 
 from ..formats.pack import unpack_int32
-
-
-def group_index(in_features: int, group_size: int, g_idx: torch.Tensor | None = None,
-                device=None) -> torch.Tensor:
-    """Group of every input column: g_idx when given (act-order), else column // group_size."""
-    if g_idx is not None:
-        return g_idx.long()
-    if group_size == -1:
-        return torch.zeros(in_features, dtype=torch.long, device=device)
-    return torch.arange(in_features, device=device) // group_size
+from ..qweight import dequantize_fp8, dequantize_int, group_index  # noqa: F401  (dequantize_fp8: the kernels' name)
 
 
 def unpack_zero_points(weight_zero_point: torch.Tensor, bits: int, out_features: int) -> torch.Tensor:
@@ -28,21 +23,9 @@ def dequantize(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_z
     out_features = weight_packed.shape[0]
     if in_features is None:
         in_features = weight_packed.shape[1] * (32 // bits)
-    q = unpack_int32(weight_packed, bits, in_features).float()
-    gi = group_index(in_features, group_size, g_idx, q.device)
-    scale = weight_scale.float()[:, gi]
-    if weight_zero_point is not None:
-        zero = unpack_zero_points(weight_zero_point, bits, out_features).float()
-        q = q - zero[:, gi]
-    return q * scale
-
-
-def dequantize_fp8(weight: torch.Tensor, weight_scale: torch.Tensor) -> torch.Tensor:
-    """float32 [out, in] from an E4M3 weight and a per-channel [out, 1] or per-tensor [1] scale."""
-    scale = weight_scale.float()
-    if scale.numel() > 1:
-        scale = scale.reshape(-1, 1)
-    return weight.float() * scale
+    q = unpack_int32(weight_packed, bits, in_features)
+    zero = None if weight_zero_point is None else unpack_zero_points(weight_zero_point, bits, out_features)
+    return dequantize_int(q, weight_scale, zero, group_index(in_features, group_size, g_idx, q.device))
 
 
 def matmul(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor,

@@ -43,28 +43,14 @@ def set_threads(n: int | None) -> None:
 
 
 def load_model(path: str, dtype=None):
-    """The lead's checkpoint loader when present (it also reads quantised checkpoints), else transformers.
-    dtype None means float32, whatever the checkpoint stores: this runtime decodes on the CPU, where float32
-    activations are exact and where a float16 checkpoint's weights still read as float16 (relayout.py)."""
-    path = resolve_path(path)
-    dtype = dtype or torch.float32
-    try:
-        from .loader import load
-    except ImportError:
-        load = None
-    if load is not None:
-        model = load(path, device="cpu", dtype=dtype, cpu_fast=True)
-    else:
-        from transformers import AutoModelForCausalLM
+    """The model this runtime decodes with, through the checkpoint loader (float or quantised folders). dtype
+    None means float32, whatever the checkpoint stores: this runtime decodes on the CPU, where float32
+    activations are exact and where a float16 checkpoint's weights still read as float16 (linear/relayout.py).
+    The model only decodes, so its weights are laid out and fused for speed as it loads (loader.load's
+    relayout)."""
+    from .loader import load
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    from .llama_step import RELAYOUT_ATTR
-    from .relayout import relayout_model
-
-    # this model only decodes: its float weights may be re-laid out for speed (relayout.py, fused_proj.py)
-    setattr(model, RELAYOUT_ATTR, True)
-    relayout_model(model)
-    return model.eval()
+    return load(resolve_path(path), device="cpu", dtype=dtype or torch.float32, cpu_fast=True, relayout=True)
 
 
 STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its float32 products are oneDNN calls on pre-laid "
@@ -79,16 +65,16 @@ def compile_decode(model):
     dominate and it gains little. The first decode step compiles (about a minute on 2 cores), so it is
     opt-in. Outputs equal the eager model's up to float summation order.
 
-    A model with Linears in oneDNN's layout (packed_linear.py, the runtime's float32 CPU models) stays eager:
+    A model with Linears in oneDNN's layout (linear/packed.py, the runtime's float32 CPU models) stays eager:
     those products are single library calls a compiled graph cannot fuse with anything, and through a custom op
     each cost ~30 us more, which over 211 calls made a step slower than eager (15.4 vs 19.5 tok/s). FBGEMM's
-    float16-weight products (half_weight_linear.py) reach the graph as one light op each, and compiling the glue
+    float16-weight products (linear/half_weight.py) reach the graph as one light op each, and compiling the glue
     between them takes the float16-held SmolLM2 from 42.7 to 51.8 tok/s (docs/benchmarks.md).
     Returns whether anything was compiled."""
     from . import compiled
     from .llama_step import layers_forward
-    from .packed_linear import PackedLinear
-    from .relayout import layer_layouts
+    from ..linear.packed import PackedLinear
+    from ..linear.relayout import layer_layouts
 
     if PackedLinear in layer_layouts(model):
         return False
@@ -109,8 +95,8 @@ def _own_copy(fn, model):
 
 def _fixed_model_guards(entries):
     """Guards worth checking on each compiled step: those on its tensor arguments. The modules and the per-model
-    plan (fused packs, reached through a global) do not change while a model serves, and re-checking their ~2500
-    guards cost about 1.7 ms of a 14 ms W4 step on this CPU."""
+    plan (fused packs, an attribute of the model: llama_step.attach_plan) do not change while a model serves,
+    and re-checking their ~2500 guards cost about 1.7 ms of a 14 ms W4 step on this CPU."""
     modules = torch.compiler.skip_guard_on_all_nn_modules_unsafe(entries)
     globals_ = torch.compiler.skip_guard_on_globals_unsafe(entries)
     return [a and b for a, b in zip(modules, globals_)]

@@ -44,9 +44,9 @@ def default_spec_max_batch(model) -> int:
     checkpoint): up to 3 (1.28x at 2, 1.08x at 3, 0.97-1.02x at 4), since one row reads half the bytes while each
     extra row costs about as much as in float32. int4/int8 checkpoints on a CPU: up to 2 (0.89-0.96x from 3),
     where torch's packed int4 products cost more per extra row."""
-    from ..nn import QuantLinear
-    from .half_weight_linear import HalfWeightLinear
-    from .relayout import layer_layouts
+    from ..linear.half_weight import HalfWeightLinear
+    from ..linear.quant import QuantLinear
+    from ..linear.relayout import layer_layouts
 
     if any(isinstance(m, QuantLinear) and m.weight_packed.device.type == "cpu" for m in model.modules()):
         return 2

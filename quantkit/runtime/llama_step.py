@@ -17,11 +17,10 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-
+from ..linear.fused import fuse
+from ..linear.packed import MIN_ROWS, PackedLinear
+from ..linear.relayout import layer_layouts
 from . import compiled
-from .fused_proj import fuse
-from .packed_linear import MIN_ROWS, PackedLinear
-from .relayout import layer_layouts
 from .rows import Rows
 from .slot_cache import SlotHandle, SlotPool
 
@@ -68,13 +67,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-RELAYOUT_ATTR = "_quantkit_relayout"  # set by build.load_model: the runtime owns the model's weight layout
+RELAYOUT_ATTR = "_quantkit_relayout"  # set by loader.load(relayout=True): the runtime owns the model's weight layout
+PLAN_ATTR = "_quantkit_step_plan"
 
 
-class _Plan:
-    """Per model, made once: each layer's fused q/k/v and gate/up calls (fused_proj.py), and the fewest rows a
-    step feeds its products (oneDNN's take their fast path from 4 rows: packed_linear.py; padding the step once
-    costs less than padding each of its ~200 products)."""
+class StepPlan:
+    """Per model, made once as the runtime loads it (loader.load -> attach_plan): each layer's fused q/k/v and
+    gate/up calls (linear/fused.py), and the fewest rows a step feeds its products (oneDNN's take their fast
+    path from 4 rows: linear/packed.py; padding the step once costs less than padding each of its ~200
+    products)."""
 
     def __init__(self, model):
         self.qkv, self.gate_up = [], []
@@ -85,22 +86,34 @@ class _Plan:
             self.qkv.append(fuse([attn.q_proj, attn.k_proj, attn.v_proj], relayout))
             self.gate_up.append(fuse([mlp.gate_proj, mlp.up_proj], relayout))
 
+    # The fused calls hold this model's modules: a copy of the model (a draft made by deepcopy, one pickled by
+    # torch.save) must not compute with them, so it gets no plan and makes its own at its first step.
+    def __deepcopy__(self, memo):
+        return None
 
-# Keyed by id(model), each entry dropped when its model is collected. A WeakKeyDictionary would do the same, but
-# the compiled step looks the plan up, and dynamo names such an entry by its position among the dictionary's keys:
-# a model collected while another compiles shifts the positions, and building that guard failed (IndexError).
-_PLANS: dict[int, _Plan] = {}
+    def __reduce__(self):
+        return _no_plan, ()
 
 
-def plan_for(model) -> _Plan:
-    plan = _PLANS.get(id(model))
-    if plan is None:
-        # outside inference mode: tensors made here replace module weights, which must stay ordinary tensors
-        # (loadable, trainable, writable in place) for whatever else the caller does with the model
-        with torch.inference_mode(False), torch.no_grad():
-            plan = _PLANS[id(model)] = _Plan(model)
-        weakref.finalize(model, _PLANS.pop, id(model), None)
+def _no_plan():
+    return None
+
+
+def attach_plan(model) -> StepPlan:
+    """Build the model's plan and keep it on the model, where the step reads it."""
+    # outside inference mode: tensors made here replace module weights, which must stay ordinary tensors
+    # (loadable, trainable, writable in place) for whatever else the caller does with the model
+    with torch.inference_mode(False), torch.no_grad():
+        plan = StepPlan(model)
+    setattr(model, PLAN_ATTR, plan)
     return plan
+
+
+def plan_for(model) -> StepPlan:
+    """The plan the loader attached. A model the runtime did not load (a test's own, a copy of a loaded one)
+    has none until its first step makes it."""
+    plan = getattr(model, PLAN_ATTR, None)
+    return plan if plan is not None else attach_plan(model)
 
 
 def _attend(q, k, v, mask_add, scale):

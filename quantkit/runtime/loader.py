@@ -1,8 +1,9 @@
 """Load a quantkit (or any compressed-tensors INT/FP8) checkpoint into its transformers model class.
 
-The model is built with empty (meta) weights, every quantised Linear is swapped for a QuantLinear holding the
-packed tensors, and the checkpoint tensors are assigned in place: no float copy of the quantised weights is
-ever materialised. A folder without quantization_config loads as a plain float model.
+The model is built with empty (meta) weights, every quantised Linear is swapped for the module that holds its
+packed tensors (QuantLinear, FP8Linear: linear/dispatch.py), and the checkpoint tensors are assigned in place:
+no float copy of the quantised weights is ever materialised. A folder without quantization_config loads as a
+plain float model. Once loaded, linear/dispatch.py gives every Linear the layout it computes in.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import nn
 from ..errors import UserError
 from ..formats.compressed_tensors import load_tensors, module_targets
 from ..formats.safetensors_header import read_header
+from ..linear import dispatch
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -40,17 +42,6 @@ def attach_kv_scales(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict
         else:
             mod.register_buffer(attr, t)
     return rest
-
-
-def _quant_module(linear: nn.Linear, group: dict, name: str, tensors: dict, dtype: torch.dtype) -> nn.Module:
-    weights = group["weights"]
-    if weights["type"] == "float":
-        from ..nn_fp8 import FP8Linear
-
-        return FP8Linear.from_group(linear, group, dtype, has_input_scale=f"{name}.input_scale" in tensors)
-    from ..nn import QuantLinear
-
-    return QuantLinear.from_group(linear, weights, f"{name}.weight_g_idx" in tensors, dtype)
 
 
 def _read_config(path: Path) -> dict:
@@ -84,22 +75,41 @@ def check_weight_files(path: Path, quantised: bool) -> None:
 
 
 def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None = None,
-         cpu_fast: bool = False) -> nn.Module:
+         cpu_fast: bool = False, relayout: bool = False) -> nn.Module:
     """cpu_fast: on CPU, run quantised layers through torch's packed int4/int8 ops with bf16 activations
-    whatever the model dtype, and a float32 output head as a float16 copy (half_head.py): the runtime's choice,
-    much faster, ~1e-3 relative difference in logits. The default keeps the model's dtype exactly (dequantise +
-    matmul)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
-
+    whatever the model dtype, and a float32 output head as a float16 copy (linear/half_head.py): the runtime's
+    choice, much faster, ~1e-3 relative difference in logits. The default keeps the model's dtype exactly
+    (dequantise + matmul).
+    relayout: the runtime's own model, which only decodes: a float model's CPU weights are re-laid out for
+    speed (linear/relayout.py), and the decode step's fused projections (linear/fused.py) are built now, before
+    any forward, and kept on the model (llama_step.attach_plan)."""
     path = Path(path)
     qc = _read_config(path).get("quantization_config")
     if isinstance(dtype, str):
         dtype = _DTYPES[dtype]
     check_weight_files(path, quantised=qc is not None)
     if qc is None:
-        m = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
-        return m.to(device).eval()
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto").to(device)
+    else:
+        model = _load_quantised(path, qc, device, dtype)
+    model.eval()
+    dispatch.apply(model, cpu_fast=cpu_fast, relayout=relayout)
+    if relayout:
+        from . import llama_step
+
+        setattr(model, llama_step.RELAYOUT_ATTR, True)
+        if llama_step.supports(model):
+            llama_step.attach_plan(model)
+    return model
+
+
+def _load_quantised(path: Path, qc: dict, device: str, dtype: torch.dtype | None) -> nn.Module:
+    """The model with every quantised Linear as the module dispatch.stored gives, loaded and on `device`."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     if qc.get("quant_method") != "compressed-tensors":
         raise UserError(f"'{path}' uses quant_method '{qc.get('quant_method')}'; quantkit loads compressed-tensors checkpoints")
     config = AutoConfig.from_pretrained(path)
@@ -117,7 +127,8 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     for name, group in module_targets(qc, linears).items():
-        model.set_submodule(name, _quant_module(linears[name], group, name, tensors, dtype))
+        model.set_submodule(name, dispatch.stored(linears[name], group, has_g_idx=f"{name}.weight_g_idx" in tensors,
+                                                  has_input_scale=f"{name}.input_scale" in tensors, dtype=dtype))
     attach_kv_scales(model, kv_scales)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False):
@@ -128,23 +139,4 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     if leftover or unexpected or meta_params:
         raise UserError(f"'{path}' does not match its config: missing {leftover[:3]}, unexpected {unexpected[:3]}, "
                         f"uninitialised {meta_params[:3]}; re-run quantkit quantize")
-    model.to(device).eval()
-    _prepare_quantised(model, cpu_fast)
-    return model
-
-
-def _prepare_quantised(model: nn.Module, cpu_fast: bool) -> None:
-    """Kernel choices need the weights on their final device, so they come after the move."""
-    from ..kernels import dispatch
-    from ..nn import QuantLinear
-
-    quantised = False
-    for m in model.modules():
-        if isinstance(m, QuantLinear):
-            m.cpu_bf16_activations = cpu_fast
-            dispatch.prepare(m)
-            quantised = True
-    if cpu_fast and quantised:
-        from .half_head import use_half_head
-
-        use_half_head(model)
+    return model.to(device)

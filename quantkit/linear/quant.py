@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels import dispatch, reference
+
 
 class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bits: int, group_size: int, symmetric: bool = True,
@@ -34,13 +36,9 @@ class QuantLinear(nn.Module):
                    dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from .kernels import dispatch
-
         return dispatch.linear_forward(self, x)
 
     def dequantized_weight(self) -> torch.Tensor:
-        from .kernels import reference
-
         return reference.dequantize(self.weight_packed, self.weight_scale, self.weight_zero_point, self.weight_g_idx,
                                     self.group_size, self.bits, self.in_features)
 

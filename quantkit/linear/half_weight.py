@@ -30,7 +30,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .opaque_linear import OpaqueLinear
+from .opaque import OpaqueLinear
 
 HOLDABLE = (torch.float32, torch.float16)
 

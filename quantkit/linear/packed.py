@@ -28,7 +28,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from .opaque_linear import OpaqueLinear
+from .opaque import OpaqueLinear
 
 MIN_ROWS = 4
 PACKABLE = (torch.float32, torch.bfloat16)

@@ -12,7 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import e4m3
+from .. import e4m3
+from ..errors import UserError
+from ..qweight import dequantize_fp8
 
 
 def fp8_matmul_supported(device: torch.device) -> bool:
@@ -36,8 +38,6 @@ class FP8Linear(nn.Module):
     @classmethod
     def from_group(cls, linear: nn.Linear, group: dict, dtype: torch.dtype, has_input_scale: bool, device=None):
         """Built from a compressed-tensors config group (ours or another tool's) for the Linear it replaces."""
-        from .errors import UserError
-
         w = group["weights"]
         if w.get("num_bits") != 8 or w.get("strategy") not in ("tensor", "channel"):
             raise UserError(f"float weights with num_bits={w.get('num_bits')} and strategy '{w.get('strategy')}' "
@@ -51,7 +51,7 @@ class FP8Linear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """float32 [out, in]."""
-        return self.weight.float() * self.weight_scale.float().reshape(-1, 1)
+        return dequantize_fp8(self.weight, self.weight_scale)
 
     def quantize_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(e4m3 codes [tokens, in], float32 scale [tokens, 1] or [1])."""

@@ -7,8 +7,8 @@ whole number of blocks (checked on a probe row) the fused pack is the modules' p
 own pack is then re-pointed at its rows of the stack: no second copy of the weights.
 
 Float weights are concatenated and each module is left a view of its rows (no second copy); weights held in
-float16 by FBGEMM (half_weight_linear.py) are packed together the same way. The runtime's float32 CPU models'
-Linears in oneDNN's layout (packed_linear.py) are called one by one.
+float16 by FBGEMM (half_weight.py) are packed together the same way. The runtime's float32 CPU models'
+Linears in oneDNN's layout (packed.py) are called one by one.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Fused:
 
 def _int4_fused(mods) -> Fused | None:
     from ..kernels import cpu, dispatch
-    from ..nn import QuantLinear
+    from .quant import QuantLinear
 
     if not all(type(m) is QuantLinear and m.weight_packed.device.type == "cpu" for m in mods):
         return None
@@ -82,7 +82,7 @@ def _float_fused(mods) -> Fused | None:
 
 
 def _half_fused(mods) -> Fused | None:
-    from .half_weight_linear import fuse_modules
+    from .half_weight import fuse_modules
 
     fn = fuse_modules(mods)
     return None if fn is None else Fused(fn, [m.out_features for m in mods])
