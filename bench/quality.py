@@ -49,9 +49,6 @@ METHODS: list[Method] = [
     Method("RTN", "quantkit", {"quant.method": "rtn"}),
     Method("GPTQ", "quantkit", {"quant.method": "gptq"}),
     Method("GPTQ act-order weight", "quantkit", {"quant.method": "gptq", "quant.gptq.actorder": "weight"}),
-    # per channel there is one group, so "group" would only repeat "weight"
-    Method("GPTQ act-order group", "quantkit", {"quant.method": "gptq", "quant.gptq.actorder": "group"},
-           schemes=("W4 g64",)),
     # AWQ pays off at 4 bits; at 8 bits RTN is already near float
     Method("AWQ", "quantkit", {"quant.method": "awq"}, schemes=("W4 g64",)),
     Method("AWQ+GPTQ", "quantkit", {"quant.method": "awq+gptq"}, schemes=("W4 g64",)),

@@ -199,3 +199,15 @@ def test_recipe_dir_is_expanded_only_for_files(tmp_path):
     r = load_recipe(p)
     assert r.output == f"{(tmp_path / 'sub').resolve()}/out"
     assert r.calibration.spec == f"{(tmp_path / 'sub').resolve()}/calib.txt"
+
+
+def test_actorder_group_is_refused_with_the_fix(cli, tmp_path):
+    """Current vLLM and compressed-tensors refuse g_idx (dynamic group) act-order checkpoints, so no recipe or
+    flag may write one; the error points at 'weight'."""
+    from quantkit.recipe import parse_recipe
+
+    with pytest.raises(RecipeError, match=r"r.yaml:4: quant.gptq.actorder: .*refuse.*use 'weight'"):
+        parse_recipe("quant:\n  method: gptq\n  gptq:\n    actorder: group\n", "r.yaml")
+    code, _, err = cli("quantize", "-o", tmp_path / "o", "--method", "gptq", "--actorder", "group")
+    assert code == 2 and "use 'weight'" in err and len(err.strip().splitlines()) == 1
+    assert parse_recipe("quant:\n  gptq:\n    actorder: weight\n").quant.gptq.actorder == "weight"

@@ -63,7 +63,7 @@ def quantize(
     clip_search: Optional[bool] = typer.Option(None, "--clip-search/--no-clip-search", help="MSE search of each group's clipping range."),
     damp: Optional[float] = typer.Option(None, help="GPTQ dampening, fraction of mean Hessian diagonal (0.01)."),
     block_size: Optional[int] = typer.Option(None, "--block-size", help="GPTQ lazy-update block (128)."),
-    actorder: Optional[str] = typer.Option(None, help="GPTQ act-order: off, weight or group."),
+    actorder: Optional[str] = typer.Option(None, help="GPTQ act-order: off or weight (columns by decreasing Hessian diagonal, no g_idx)."),
     static_groups: Optional[bool] = typer.Option(None, "--static-groups/--no-static-groups", help="GPTQ act-order weight: group scales from the original weights (default) or as updated."),
     awq_grid: Optional[int] = typer.Option(None, "--awq-grid", help="AWQ alpha grid points (20)."),
     awq_duo: Optional[bool] = typer.Option(None, "--awq-duo/--no-awq-duo", help="AWQ duo scaling form."),

@@ -50,9 +50,20 @@ class GPTQOptions(_Strict):
 
     damp: float = Field(0.01, gt=0, lt=1, description="Dampening as a fraction of the Hessian's mean diagonal.")
     block_size: int = Field(128, ge=1, description="Columns updated together (lazy batch updates).")
-    actorder: Literal["off", "weight", "group"] = Field(
-        "off", description="Quantise columns by decreasing Hessian diagonal; 'group' needs g_idx at run time.")
+    actorder: Literal["off", "weight"] = Field(
+        "off", description="'weight': quantise columns by decreasing Hessian diagonal, groups kept in order "
+                           "(no g_idx, loads everywhere).")
     static_groups: bool = Field(True, description="Fix group scales before reordering (no g_idx with 'weight').")
+
+    @field_validator("actorder", mode="before")
+    @classmethod
+    def _no_group_actorder(cls, v):
+        if v == "group":
+            # the 'key' in ctx lets the error reporter point at this key's own line
+            raise PydanticCustomError(
+                "removed_actorder", "actorder 'group' writes a g_idx layout that current vLLM and compressed-"
+                "tensors refuse to load; use 'weight' (the same column order, groups kept in place)", {"key": v})
+        return v
 
 
 class AWQOptions(_Strict):
