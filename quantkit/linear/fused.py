@@ -16,6 +16,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import cpu, dispatch
+from .half_weight import fuse_modules
+from .quant import QuantLinear
+
 
 class Fused:
     """Calls the projections as one and returns their outputs in order (sizes None: fn returns the tuple)."""
@@ -29,9 +33,6 @@ class Fused:
 
 
 def _int4_fused(mods) -> Fused | None:
-    from ..kernels import cpu, dispatch
-    from .quant import QuantLinear
-
     if not all(type(m) is QuantLinear and m.weight_packed.device.type == "cpu" for m in mods):
         return None
     for m in mods:
@@ -82,8 +83,6 @@ def _float_fused(mods) -> Fused | None:
 
 
 def _half_fused(mods) -> Fused | None:
-    from .half_weight import fuse_modules
-
     fn = fuse_modules(mods)
     return None if fn is None else Fused(fn, [m.out_features for m in mods])
 
