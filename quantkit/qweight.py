@@ -1,9 +1,10 @@
 """The result of solving one Linear: integer (or FP8) codes plus what it takes to dequantise them.
 
-Solvers produce it, the checkpoint writer consumes it; neither knows the other. The integer dequantisation here
-(dequantize_int, over unpacked codes) is the only one: the kernels' float reference (kernels/reference.py)
-unpacks a checkpoint's tensors and calls it, so what a solver settled on and what a loaded layer computes
-with are the same maths; dequantize_fp8 is FP8's, for QWeight, FP8Linear and the kernels' reference alike.
+Solvers produce it, the checkpoint writer consumes it; neither knows the other. The dequantisation of a
+Linear's codes lives here, one function per layout, at the bottom of the layers so that both sides can call
+it: dequantize_int for integer codes (the kernels' float reference, kernels/reference.py, unpacks a
+checkpoint's tensors and calls it, so what a solver settled on and what a loaded layer computes with are the
+same maths) and dequantize_fp8 for E4M3 ones (QWeight, FP8Linear and the reference alike).
 """
 from __future__ import annotations
 
