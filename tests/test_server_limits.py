@@ -31,6 +31,12 @@ def server(model, tok):
         s.stop()
 
 
+def no_eos(tok) -> dict:
+    # these tests need requests that run their whole max_tokens unless cancelled: a random model could
+    # otherwise reach the end-of-text token after a few steps (and its greedy path depends on float order)
+    return {"logit_bias": {str(tok.eos_token_id): -100}}
+
+
 def _submitted(engine) -> list:
     """Every Request the engine is given from now on."""
     reqs, real = [], engine.submit
@@ -52,7 +58,7 @@ def test_abandoned_requests_are_cancelled(model, tok):
         def abandon(i):
             with pytest.raises(httpx.ReadTimeout):
                 s.post("/v1/completions", {"model": NAME, "prompt": f"story {i}", "max_tokens": 250,
-                                           "temperature": 1.0, "seed": i}, timeout=0.3)
+                                           "temperature": 1.0, "seed": i, **no_eos(tok)}, timeout=0.3)
 
         t0 = time.time()
         with cf.ThreadPoolExecutor(10) as pool:
@@ -69,21 +75,39 @@ def test_abandoned_requests_are_cancelled(model, tok):
         s.stop()
 
 
+def test_an_abandoned_stream_is_cancelled(model, tok):
+    with single_thread():
+        s = Served(model, tok)
+    try:
+        reqs = _submitted(s.engine)
+        body = {"model": NAME, "prompt": "story", "max_tokens": 250, "stream": True, **no_eos(tok)}
+        with httpx.stream("POST", s.url + "/v1/completions", json=body, timeout=60) as r:
+            next(ln for ln in r.iter_lines() if "quantkit_tokens" in ln)  # the first tokens came; then hang up
+        wait_idle(s.engine, timeout=5)
+        assert reqs[0].cancelled and reqs[0].seq.n_generated < 250
+        assert s.metric("quantkit_requests_cancelled_total") == 1
+    finally:
+        s.stop()
+
+
 def test_a_request_abandoned_in_the_queue_never_takes_a_slot(model, tok):
     with single_thread():
         s = Served(model, tok, engine_kw={"max_active": 1})
     try:
         reqs = _submitted(s.engine)
         long = threading.Thread(target=s.post, args=("/v1/completions", {
-            "model": NAME, "prompt": "one", "max_tokens": 200, "temperature": 0}))
+            "model": NAME, "prompt": "one", "max_tokens": 200, "temperature": 0, **no_eos(tok)}))
         long.start()
         while not reqs:
             time.sleep(0.01)
         with pytest.raises(httpx.ReadTimeout):
             s.post("/v1/completions", {"model": NAME, "prompt": "two", "max_tokens": 200}, timeout=0.2)
+        assert not reqs[0].seq.done  # the premise: the only slot was still taken when the client gave up
         long.join()
         wait_idle(s.engine)
-        assert reqs[1].cancelled and reqs[1].seq.n_generated == 0 and not reqs[1].seq.prefilled
+        first, second = reqs[0].seq, reqs[1].seq
+        assert reqs[1].cancelled and second.n_generated == 0 and not second.prefilled, (
+            first.n_generated, first.finish_reason, reqs[0].failed, second.n_generated)
         assert s.metric("quantkit_requests_cancelled_total") == 1
     finally:
         s.stop()

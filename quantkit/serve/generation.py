@@ -96,8 +96,9 @@ def check_model(state: ServeState, body) -> None:
 
 
 def start(state: ServeState, ids: list[int], params: SamplingParams, opts: Options) -> Job:
+    prompt_logprobs = opts.echo is not None and opts.logprobs is not None
     try:
-        seq = state.engine.new_sequence(ids, params, prompt_logprobs=opts.echo is not None and opts.logprobs is not None)
+        seq = state.engine.new_sequence(ids, params, prompt_logprobs=prompt_logprobs)
     except UserError as e:
         raise APIError(str(e)) from None
     loop = asyncio.get_running_loop()

@@ -59,8 +59,8 @@ class StreamOptions(_Strict):
 
 # name -> the values that ask for nothing beyond what this server does; anything else is refused by name
 _NO_OP = {
-    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []),
-    "tool_choice": (None, "none", "auto"), "functions": (None, []), "function_call": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
+    "best_of": (None, 1), "suffix": (None, ""), "tools": (None, []), "tool_choice": (None, "none", "auto"),
+    "functions": (None, []), "function_call": (None, "none", "auto"), "response_format": (None, {"type": "text"}),
     "audio": (None,), "modalities": (None, ["text"]),
 }
 _WHY = {"response_format": "this server cannot constrain its output to JSON",
