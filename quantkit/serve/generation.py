@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
@@ -26,7 +26,6 @@ class Options:
     include_usage: bool = False
     logprobs: int | None = None  # alternatives per token (None: no logprobs)
     echo: str | None = None  # the prompt text, prepended to a completion's answer
-    echo_ids: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -27,7 +27,7 @@ from ..errors import UserError
 from ..runtime.generate import context_limit
 from ..runtime.speculative import vocab_rows
 from .chat import template_ids
-from .protocol import APIError, Message, _Strict, load_json, validate
+from .protocol import APIError, Message, StrictModel, load_json, validate
 
 STATIC = Path(__file__).parent / "static"
 
@@ -40,7 +40,7 @@ class CompareModel:
     name: str
 
 
-class KLBody(_Strict):
+class KLBody(StrictModel):
     # The prompt in the same shape the completion or chat request had, so it is tokenised the same way.
     prompt: str | None = None
     messages: list[Message] | None = None

@@ -33,16 +33,17 @@ class APIError(Exception):
         return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.code}}
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
+    # strict: a string is not a number; forbid: a misspelt or unknown parameter is refused, never ignored
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-class TextPart(_Strict):
+class TextPart(StrictModel):
     type: Literal["text"]
     text: str
 
 
-class Message(_Strict):
+class Message(StrictModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[TextPart] | None = None
     name: str | None = None
@@ -53,7 +54,7 @@ class Message(_Strict):
         return self.content or ""
 
 
-class StreamOptions(_Strict):
+class StreamOptions(StrictModel):
     include_usage: bool | None = None
 
 
@@ -67,7 +68,7 @@ _WHY = {"response_format": "this server cannot constrain its output to JSON",
         "best_of": "this server returns one sampled answer", "suffix": "this server has no insertion mode"}
 
 
-class _Body(_Strict):
+class _Body(StrictModel):
     model: str
     max_tokens: int | None = None
     temperature: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
