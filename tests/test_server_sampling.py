@@ -36,7 +36,7 @@ def server(model, tok):
 
 
 def complete(server, **kw) -> tuple[dict, list[int]]:
-    """A completion of PROMPT and its token ids (from /v1/details)."""
+    """A completion (of PROMPT unless kw says otherwise) and its token ids (from /v1/details)."""
     r = server.post("/v1/completions", {"model": NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, **kw})
     assert r.status_code == 200, r.text
     body = r.json()
@@ -132,20 +132,22 @@ def test_streamed_logprobs_equal_the_whole_answers(server):
     assert parts == body["choices"][0]["logprobs"]
 
 
-def test_echo_returns_the_prompt_and_its_logprobs(server, model, tok):
-    plain, out = complete(server)
-    echoed, _ = complete(server, echo=True, logprobs=1)
-    assert echoed["choices"][0]["text"] == PROMPT + plain["choices"][0]["text"]
-    prompt = tok(PROMPT)["input_ids"]
+@pytest.mark.parametrize("prompt", [PROMPT, PROMPT * 12], ids=["short", "past-one-chunk"])
+def test_echo_returns_the_prompt_and_its_logprobs(server, model, tok, prompt):
+    plain, out = complete(server, prompt=prompt)
+    echoed, _ = complete(server, prompt=prompt, echo=True, logprobs=1)
+    assert echoed["choices"][0]["text"] == prompt + plain["choices"][0]["text"]
+    ids = tok(prompt)["input_ids"]
+    assert len(ids) > 64 or prompt == PROMPT  # the long one is prefilled in several chunks (processed.py)
     got = echoed["choices"][0]["logprobs"]
-    assert got["tokens"][:len(prompt)] == [tok.decode([t]) for t in prompt] and got["token_logprobs"][0] is None
-    lp = forward_logits(model, prompt + out).log_softmax(-1)
-    want = lp[:-1].gather(-1, torch.tensor(prompt + out)[1:, None])[:, 0]
+    assert got["tokens"][:len(ids)] == [tok.decode([t]) for t in ids] and got["token_logprobs"][0] is None
+    lp = forward_logits(model, ids + out).log_softmax(-1)
+    want = lp[:-1].gather(-1, torch.tensor(ids + out)[1:, None])[:, 0]
     close(got["token_logprobs"][1:], want)
     with httpx.stream("POST", server.url + "/v1/completions", timeout=60, json={
-            "model": NAME, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "echo": True, "stream": True}) as r:
+            "model": NAME, "prompt": prompt, "max_tokens": 8, "temperature": 0, "echo": True, "stream": True}) as r:
         texts = [json.loads(ln[6:])["choices"][0]["text"] for ln in r.iter_lines() if ln.startswith("data: {")]
-    assert texts[0] == PROMPT and "".join(texts) == echoed["choices"][0]["text"]
+    assert texts[0] == prompt and "".join(texts) == echoed["choices"][0]["text"]
 
 
 def hand_greedy(model, prompt, n, bias=None, presence=0.0, frequency=0.0):

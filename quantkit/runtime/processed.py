@@ -16,7 +16,7 @@ from . import sampling
 from .generate import Sequence
 from .kv_cache import forward_many
 
-PROMPT_CHUNK = 64  # prompt rows turned into log-probabilities at once: bounds the [rows, vocab] temporaries
+PROMPT_CHUNK = 64  # prompt tokens per forward when their logprobs are wanted: bounds the [rows, vocab] logits
 
 
 @dataclass
@@ -72,18 +72,19 @@ class ProcessedSequence(Sequence):
 
     def step(self, speculate: bool = True):
         if self._want_prompt and not self.prefilled and not self.done:
-            feed = self.plan(False)
-            rows = forward_many(self.model, [(self.cache, feed)])[0]  # every row, not only the last
-            self.prompt_logprobs = [None] + self._prompt_records(rows.all(), feed)
-            return self.finish(rows)
+            return self._prefill_with_logprobs()
         return super().step(speculate)
 
-    def _prompt_records(self, logits: torch.Tensor, ids: torch.Tensor) -> list[TokenLogprob]:
+    def _prefill_with_logprobs(self):
+        """The prefill in chunks of PROMPT_CHUNK tokens through the cache (the same attention as one forward),
+        so a long prompt never holds a [prompt, vocab] logits tensor at once."""
+        ids = self.plan(False)  # the whole prompt; plan also resets the step's state for finish()
         n_top = self.params.logprobs or 0
-        out = []
-        for start in range(0, ids.shape[0] - 1, PROMPT_CHUNK):
-            # row j predicts token j + 1
-            lp = logits[start:start + PROMPT_CHUNK].float().log_softmax(-1)
-            nxt = ids[start + 1:start + 1 + lp.shape[0]]
-            out += [_record(row, int(t), n_top) for row, t in zip(lp, nxt)]
-        return out
+        records: list[TokenLogprob | None] = [None]  # nothing predicts the first prompt token
+        for start in range(0, ids.shape[0], PROMPT_CHUNK):
+            rows = forward_many(self.model, [(self.cache, ids[start:start + PROMPT_CHUNK])])[0]
+            logprobs = rows.all().float().log_softmax(-1)
+            nxt = ids[start + 1:start + 1 + PROMPT_CHUNK]  # row j predicts token j + 1
+            records += [_record(row, int(t), n_top) for row, t in zip(logprobs, nxt)]
+        self.prompt_logprobs = records
+        return self.finish(rows)
