@@ -211,3 +211,21 @@ def test_actorder_group_is_refused_with_the_fix(cli, tmp_path):
     code, _, err = cli("quantize", "-o", tmp_path / "o", "--method", "gptq", "--actorder", "group")
     assert code == 2 and "use 'weight'" in err and len(err.strip().splitlines()) == 1
     assert parse_recipe("quant:\n  gptq:\n    actorder: weight\n").quant.gptq.actorder == "weight"
+
+
+def test_gptq_defaults_to_act_order_weight():
+    """The measured best (docs/benchmarks.md): GPTQ without flags orders columns by the Hessian, static groups,
+    so the checkpoint still has no g_idx; --actorder off turns it off."""
+    from helpers import tiny_model
+
+    from quantkit.plan import build_plan
+    from quantkit.recipe import Recipe, apply_overrides
+
+    model = tiny_model("llama")
+    gptq = apply_overrides(Recipe(), {"quant.method": "gptq", "quant.group_size": 32})
+    assert gptq.quant.gptq.actorder == "weight"
+    assert {s.actorder for s in build_plan(model, gptq).schemes.values()} == {"weight"}
+    off = apply_overrides(gptq, {"quant.gptq.actorder": "off"})
+    assert {s.actorder for s in build_plan(model, off).schemes.values()} == {None}
+    rtn = apply_overrides(Recipe(), {"quant.group_size": 32})  # act-order means nothing without GPTQ
+    assert {s.actorder for s in build_plan(model, rtn).schemes.values()} == {None}
