@@ -23,6 +23,10 @@ def eval_(
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Greedy tokens per task prompt (answers stop at a line end)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float16, bfloat16 or float32 (default: float32 on CPU, the checkpoint's on GPU)."),
+    backend: Optional[list[str]] = typer.Option(None, "--backend", help="Also score every model with these engines side by side (repeatable, two or more): quantkit, transformers, vllm."),
+    vllm_python: Optional[str] = typer.Option(None, "--vllm-python", help="Python of vLLM's own venv (bash bench/vllm_env.sh makes one; or QUANTKIT_VLLM_PYTHON)."),
+    backend_tolerance: float = typer.Option(0.005, "--backend-tolerance", help="Flag a backend whose perplexity departs from the backends' median by more than this (0.005 = 0.5%)."),
+    backend_windows: int = typer.Option(8, "--backend-windows", help="Windows the backend comparison scores."),
     no_plots: bool = typer.Option(False, "--no-plots", help="Skip the PNG plots."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress lines."),
     as_json: bool = typer.Option(False, "--json", help="Print report.json on stdout instead of the tables."),
@@ -31,6 +35,8 @@ def eval_(
     latency and memory, overall and per task.
 
     Example: quantkit eval ./model w4=./model-w4 --data wikitext2 --tasks calibration/tasks/eval_tasks.jsonl -o report --gate max_kl_p99=0.5
+
+    Engines side by side: quantkit eval ./model w4=./model-w4 --data wikitext2 --dtype float16 --backend quantkit --backend transformers --backend vllm --vllm-python .venv-vllm/bin/python
     """
     from ..errors import UserError
     from ..evaluate import parse_gates, run_eval
@@ -41,7 +47,9 @@ def eval_(
     log = (lambda msg: None) if quiet or as_json else (lambda msg: console.print(f"[dim]{msg}[/]"))
     report = run_eval(base, variants, data=data, tasks=tasks, out_dir=output, seq_len=seq_len,
                       max_windows=max_windows, max_new_tokens=max_new_tokens, device=device, gates=gates,
-                      dtype=dtype, stride=stride, text_field=text_field, plots=not no_plots, log=log)
+                      dtype=dtype, stride=stride, text_field=text_field, plots=not no_plots, log=log,
+                      backends=backend, backend_options={"tolerance": backend_tolerance, "windows": backend_windows,
+                                                         "vllm_python_path": vllm_python})
     if as_json:
         emit_json(report)
     else:

@@ -13,17 +13,25 @@ __all__ = ["run_eval", "check_gates", "parse_gates", "GATES"]
 
 def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, max_windows=None,
              max_new_tokens=32, device="cpu", *, gates=None, dtype=None, stride=None, text_field="text",
-             scratch_dir=None, plots=True, log=None) -> dict:
+             scratch_dir=None, plots=True, log=None, backends=None, backend_options=None) -> dict:
     """Evaluate BASE and each VARIANT (folders, 'LABEL=folder', or 'embedded'); returns the report dict.
 
     `gates` ({name: bound}) adds report["gate_failures"]; `out_dir` writes report.json, report.md,
-    answers.jsonl and the plots there.
+    answers.jsonl and the plots there. `backends` (two or more of quantkit, transformers, vllm) adds
+    report["backends"]: every model scored by each engine (backend_report.compare_backends' options).
     """
     from . import gates as G
     from .models import load_tokenizer, parse_specs
 
     gates = dict(gates or {})
     _check_args(data, tasks, max_new_tokens)
+    if backends:  # before the long part: a mistyped backend or a missing vLLM venv fails at once
+        from .backend_report import check_backends
+        from .backends import vllm_python
+
+        backends = check_backends(list(backends))
+        if "vllm" in backends:
+            vllm_python((backend_options or {}).get("vllm_python_path"))
     G.validate_inputs(gates, bool(data), bool(tasks))
     specs = parse_specs(str(base), [str(v) for v in (variants or [])])
     tok = load_tokenizer(specs)
@@ -36,12 +44,26 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
     rows, kls, items = _evaluate_all(specs, tok, inputs, max_new_tokens, device, dtype, scratch_dir,
                                      log or (lambda msg: None))
     report = {"base": specs[0].label, "settings": settings, "variants": rows}
+    if backends:
+        report["backends"] = _backends(specs, inputs, backends, dict(backend_options or {}), dtype, log)
     if gates:
         report["gates"] = gates
         report["gate_failures"] = G.check_gates(report, gates)
     if out_dir is not None:
         _write(report, kls, items, out_dir, plots)
     return report
+
+
+def _backends(specs, inputs: dict, backends, options: dict, dtype, log) -> dict:
+    """The backend section scores at most `windows` windows (8) and the task prompts, or the start of the
+    first two windows when there are no tasks, in --dtype (float16 by default: vLLM's CPU W4 kernels have
+    no float32)."""
+    from .backend_report import compare_backends
+
+    windows = inputs["windows"][:options.pop("windows", 8)]
+    prompts = [list(p) for p in inputs["prompts"]][:8] or [w[:32].tolist() for w in windows[:2]]
+    return compare_backends(specs, windows, prompts, backends, dtype=dtype or "float16",
+                            log=log or (lambda msg: None), **options)
 
 
 def _check_args(data, tasks, max_new_tokens) -> None:

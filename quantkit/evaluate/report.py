@@ -76,6 +76,10 @@ def print_tables(report: dict, console) -> None:
         for r in rows:
             t.add_row(*r)
         console.print(t)
+    if report.get("backends"):
+        from .backend_report import markdown as backends_markdown
+
+        console.print(backends_markdown(report["backends"]))
     for line in report.get("gate_failures") or []:
         console.print(f"[red]gate failed[/] {line}")
 
@@ -110,6 +114,10 @@ def markdown(report: dict, plots: list[str]) -> str:
                             [[f"{w['kl']:.3f}", f"{w['source']} {w['where']}:{w['position']}",
                               repr(w["context"]), repr(w["next_token"]), repr(w["base_top"]),
                               repr(w["variant_top"])] for w in r["worst"]]), ""]
+    if report.get("backends"):
+        from .backend_report import markdown as backends_markdown
+
+        parts += [backends_markdown(report["backends"])]
     for p in plots:
         parts += [f"![{Path(p).stem}]({Path(p).name})", ""]
     parts += ["Metrics: KL is KL(base || variant) per token in nats at every scored text position and every "

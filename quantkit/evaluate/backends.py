@@ -1,0 +1,121 @@
+"""One checkpoint scored by several engines on the same tokens: quantkit's runtime, transformers, vLLM.
+
+Each backend returns, per token window, the negative log-likelihood of every token after the first, and per
+prompt its greedy continuation. vLLM pins its own torch and transformers, so it runs in a venv of its own
+(bench/vllm_env.sh makes one) through vllm_worker.py; the path of that venv's python comes from
+--vllm-python or QUANTKIT_VLLM_PYTHON.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError
+
+BACKENDS = ("quantkit", "transformers", "vllm")
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+WORKER = Path(__file__).with_name("vllm_worker.py")
+# vLLM's CPU build quantises bfloat16 activations to int8 for 4-bit weights on AMX machines (W4A8) unless told
+# not to; a W4A16 checkpoint is then scored as something else, so the comparison switches it off and says so.
+VLLM_ENV = {"VLLM_CPU_INT4_W4A8": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@dataclass
+class Scores:
+    backend: str
+    ok: bool
+    nll: list[list[float]] = field(default_factory=list)
+    greedy: list[list[int]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def perplexity(self) -> float | None:
+        n = sum(len(w) for w in self.nll)
+        return math.exp(sum(sum(w) for w in self.nll) / n) if n else None
+
+
+def vllm_python(explicit: str | None = None) -> str:
+    path = explicit or os.environ.get("QUANTKIT_VLLM_PYTHON")
+    if not path:
+        raise UserError("the vllm backend runs in vLLM's own venv; make it with `bash bench/vllm_env.sh` and pass "
+                        "--vllm-python .venv-vllm/bin/python (or set QUANTKIT_VLLM_PYTHON)")
+    if not Path(path).is_file():
+        raise UserError(f"--vllm-python '{path}' does not exist; make the venv with `bash bench/vllm_env.sh`")
+    return path
+
+
+@torch.inference_mode()
+def score_transformers(path: str, windows, prompts, max_new: int, dtype: str) -> Scores:
+    """transformers (+ compressed-tensors, which decompresses a quantised checkpoint on a CPU)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
+
+    def greedy(p: list[int]) -> list[int]:
+        out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new,
+                             pad_token_id=0)
+        return out[0, len(p):].tolist()
+
+    return _score_forward("transformers", lambda ids: model(ids).logits[0, :-1].float().log_softmax(-1), windows,
+                          prompts, greedy)
+
+
+@torch.inference_mode()
+def score_quantkit(path: str, windows, prompts, max_new: int, dtype: str) -> Scores:
+    """quantkit's runtime, as `quantkit serve` runs the checkpoint."""
+    from ..runtime.build import load_model
+    from ..runtime.generate import generate
+    from ..runtime.sampling import SamplingParams
+    from .perplexity import window_logprobs
+
+    model = load_model(path, DTYPES[dtype])
+    params = SamplingParams(max_tokens=max_new, ignore_eos=True)
+    return _score_forward("quantkit", lambda ids: window_logprobs(model, ids[0], "cpu"), windows, prompts,
+                          lambda p: [t.id for t in generate(model, p, params).tokens])
+
+
+def _score_forward(name, logprobs_of, windows, prompts, greedy_of) -> Scores:
+    """logprobs_of(ids [1, T]) -> [T-1, V] log-probabilities of each next token."""
+    nll = []
+    for w in windows:
+        ids = torch.tensor([w])
+        nll.append((-logprobs_of(ids).gather(-1, ids[0, 1:, None])[:, 0]).tolist())
+    return Scores(name, True, nll, [greedy_of(p) for p in prompts])
+
+
+def score_vllm(jobs: list[dict], python: str, timeout: int = 3600) -> list[Scores]:
+    """Each job: {"model", "dtype", "windows", "prompts", "max_new", optional "kv_cache_dtype"}; all run in one
+    worker process, one engine after another."""
+    with tempfile.TemporaryDirectory(prefix="quantkit-vllm-") as tmp:
+        job_file, out_file = Path(tmp) / "jobs.json", Path(tmp) / "out.json"
+        job_file.write_text(json.dumps({"jobs": jobs}))
+        proc = subprocess.run([python, str(WORKER), str(job_file), str(out_file)], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, **VLLM_ENV}, cwd=tmp)
+        results = json.loads(out_file.read_text())["results"] if out_file.is_file() else []
+    if len(results) < len(jobs):
+        tail = " ".join(proc.stderr.split()[-60:])
+        results += [{"ok": False, "error": f"the vLLM worker exited ({proc.returncode}): {tail}"}] * (
+            len(jobs) - len(results))
+    return [Scores("vllm", r["ok"], r.get("nll", []), r.get("greedy", []), r.get("error")) for r in results]
+
+
+def compare(ref: Scores, other: Scores, n_greedy: int = 16) -> dict:
+    """Perplexity ratio, mean and largest |Δ log p| per token, and the greedy tokens both agree on."""
+    if not (ref.ok and other.ok):
+        return {"ok": False, "error": other.error or ref.error}
+    deltas = [abs(a - b) for wa, wb in zip(ref.nll, other.nll) for a, b in zip(wa, wb)]
+    agree = []
+    for a, b in zip(ref.greedy, other.greedy):
+        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        agree.append(same)
+    return {"ok": True, "ppl": other.perplexity, "ref_ppl": ref.perplexity,
+            "ppl_rel": other.perplexity / ref.perplexity - 1, "logprob_mean_abs": sum(deltas) / len(deltas),
+            "logprob_max_abs": max(deltas), "greedy_agree": agree,
+            "greedy_ok": all(a >= min(n_greedy, len(g)) for a, g in zip(agree, ref.greedy))}

@@ -1,0 +1,77 @@
+"""`quantkit eval --backend`: the same checkpoints scored by several engines side by side, differences flagged.
+
+vLLM's own run is in tests/test_vllm_interop.py (it needs its venv); here quantkit's runtime and transformers
+score a float and an RTN W4 checkpoint of a tiny model, and the flagging rule is checked on scores built to
+differ.
+"""
+import json
+
+import pytest
+import torch
+
+from quantkit.errors import UserError
+from quantkit.evaluate import run_eval
+from quantkit.evaluate.backend_report import _row, check_backends, markdown
+from quantkit.evaluate.backends import Scores
+from test_eval_support import save, text_file, tiny_model
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    from quantkit.job import quantize_to_checkpoint
+    from quantkit.recipe import Recipe, apply_overrides
+
+    d = tmp_path_factory.mktemp("backends")
+    base = save(tiny_model(), d / "base")
+    quantize_to_checkpoint(apply_overrides(Recipe(), {"model": str(base), "output": str(d / "w4"),
+                                                      "quant.group_size": 32, "dtype": "float32"}))
+    return d
+
+
+def test_quantkit_and_transformers_side_by_side(folders, cli):
+    d = folders
+    code, out, err = cli("eval", f"base={d / 'base'}", f"w4={d / 'w4'}", "--data", text_file(d), "--seq-len", "64",
+                         "--max-windows", "3", "--dtype", "float32", "--backend", "quantkit", "--backend",
+                         "transformers", "--backend-windows", "2", "--no-plots", "--json", "-o", d / "report")
+    assert code == 0, err
+    section = json.loads(out)["backends"]
+    assert section["dtype"] == "float32" and section["backends"] == ["quantkit", "transformers"]
+    rows = {(r["model"], r["backend"]): r for r in section["rows"]}
+    assert set(rows) == {(m, b) for m in ("base", "w4") for b in ("quantkit", "transformers")}
+    a, b = rows[("base", "quantkit")], rows[("base", "transformers")]
+    assert a["ppl"] == pytest.approx(b["ppl"], rel=1e-6) and not a["flagged"] and not b["flagged"]
+    assert b["greedy_agree"] == [16, 16]  # the first backend is the reference; 16 tokens each
+    # W4 layers run as `quantkit serve` runs them on a CPU (torch's int4 op, bfloat16 activations), which
+    # transformers' float32 dequantised weights do not: close, and flagged exactly when the rule says so
+    qa, qb = rows[("w4", "quantkit")], rows[("w4", "transformers")]
+    assert qa["ppl"] != a["ppl"] and qa["ppl"] == pytest.approx(qb["ppl"], rel=0.01)
+    for r in (qa, qb):
+        assert r["flagged"] == (abs(r["vs_median"]) > 0.005 or any(n < 16 for n in r["greedy_agree"]))
+    assert "## Backends (float32" in (d / "report" / "report.md").read_text()
+
+
+def test_a_backend_that_departs_is_flagged():
+    ref = Scores("quantkit", True, [[2.0, 2.0]], [[1, 2, 3, 4]])
+    close = Scores("transformers", True, [[2.001, 2.0]], [[1, 2, 3, 4]])
+    far = Scores("vllm", True, [[2.2, 2.2]], [[1, 2, 3, 4]])
+    parts = Scores("vllm", True, [[2.0, 2.0]], [[1, 2, 9, 9]])
+    median = torch.tensor([2.0, 2.0005, 2.2]).exp().median().item()
+    assert not _row("m", "transformers", close, ref, median, 0.005, 4)["flagged"]
+    flagged = _row("m", "vllm", far, ref, median, 0.005, 4)
+    assert flagged["flagged"] and flagged["vs_median"] > 0.1
+    assert _row("m", "vllm", parts, ref, median, 0.005, 4)["greedy_agree"] == [2]
+    assert _row("m", "vllm", parts, ref, median, 0.005, 4)["flagged"]  # parted before min_agree tokens
+    broken = _row("m", "vllm", Scores("vllm", False, error="ValueError: no kernel"), ref, median, 0.005, 4)
+    assert broken["flagged"] and "does not load: ValueError: no kernel" in markdown(
+        {"dtype": "float16", "tolerance": 0.005, "min_agree": 4, "backends": ["quantkit", "vllm"], "rows": [broken]})
+
+
+def test_bad_backend_choices_fail_before_any_scoring(folders, monkeypatch):
+    with pytest.raises(UserError, match="unknown backend vlm"):
+        check_backends(["quantkit", "vlm"])
+    with pytest.raises(UserError, match="at least two"):
+        check_backends(["vllm"])
+    monkeypatch.delenv("QUANTKIT_VLLM_PYTHON", raising=False)
+    with pytest.raises(UserError, match="bench/vllm_env.sh"):
+        run_eval(folders / "base", [folders / "w4"], data=str(text_file(folders)), seq_len=64, max_windows=2,
+                 backends=["quantkit", "vllm"], plots=False)
