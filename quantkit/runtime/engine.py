@@ -1,7 +1,8 @@
 """Continuous batching: one worker thread steps every active sequence, requests join and leave between steps.
 
-A step runs each new request's prefill on its own, then one batched forward for every request past its prefill
-(llama_step.py over the shared slot cache; models it does not cover fall back to one forward per request).
+A step runs the new requests' prefills (those of similar length share a forward: prefill_groups), then one batched
+forward for every request past its prefill (llama_step.py over the shared slot cache; models it does not cover
+fall back to one forward per request).
 Rows do not see each other, so a request's tokens do not depend on what else is running, up to float
 summation order: greedy answers under load equal the answers alone (tests/test_server.py). The bounded
 waiting queue makes overload visible (QueueFull -> HTTP 429) instead of letting latency grow without end.
@@ -22,8 +23,33 @@ from .kv_cache import crop_to, forward_many
 from .metrics import ServerMetrics
 
 
+PREFILL_TOKENS = 2048  # most prompt positions (padding included) one shared prefill forward holds
+PREFILL_PAD = 1.25  # most padded positions per prompt token in a shared prefill
+
+
 class QueueFull(Exception):
     pass
+
+
+def prefill_groups(lengths: list[int], max_tokens: int = PREFILL_TOKENS,
+                   max_pad: float = PREFILL_PAD) -> list[list[int]]:
+    """Indices of prompts, grouped into shared prefill forwards. Rows are padded to the group's longest prompt,
+    so a group keeps its padding within max_pad of its real tokens and its padded size within max_tokens (a
+    longer prompt goes alone). Sorting by length keeps similar prompts together."""
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        n = lengths[i]  # ascending: the newest member is the group's longest
+        padded = (len(cur) + 1) * n
+        if cur and (padded > max_pad * (real + n) or padded > max_tokens):
+            groups.append(cur)
+            cur, real = [], 0
+        cur.append(i)
+        real += n
+    if cur:
+        groups.append(cur)
+    return groups
 
 
 class Request:
@@ -133,43 +159,50 @@ class Engine:
                     self._drop(req)
                 else:
                     live.append(req)
-            # A prefill runs on its own: padding one-token rows to a prompt's length would waste the batch.
-            batch = []
+            # Prefills never share a forward with decode rows: padding one-token rows to a prompt's length
+            # would waste the batch. Prompts of similar length share one (16 prompts of 128 tokens: one call
+            # per product instead of 16). A sequence with its own step (prompt logprobs) prefills alone.
+            batch, fresh = [], []
             for req in live:
                 if req.seq.prefilled:
                     batch.append(req)
+                elif type(req.seq).step is Sequence.step:
+                    fresh.append(req)
                 else:
                     self._deliver(req, lambda r=req: r.seq.step(speculate=speculate))
-            self._decode(batch, speculate)
+            for group in prefill_groups([r.seq.ids.shape[0] for r in fresh]):
+                self._forward([fresh[i] for i in group], speculate, last_only=True)
+            self._forward(batch, speculate, last_only=False)
             self._active = [r for r in live if not r.seq.done and not r.failed]
             self.metrics.active = len(self._active)  # else the gauge stays stale until new work arrives
 
-    def _decode(self, batch: list[Request], speculate: bool) -> None:
-        """One forward for every request past its prefill: requests join and leave between these steps."""
+    def _forward(self, batch: list[Request], speculate: bool, last_only: bool) -> None:
+        """One forward for these requests: a decode step for every request past its prefill (requests join and
+        leave between these steps), or a group of prefills (last_only: only each prompt's last row is needed)."""
         fed = []
         for req in batch:
             try:
-                fed.append((req, req.seq.plan(speculate)))
+                fed.append((req, req.seq.cache.get_seq_length(), req.seq.plan(speculate)))
             except Exception as e:  # a drafter failing for one request must not take the others down
                 self._fail(req, e)
         if not fed:
             return
         t = decode_loop.clock()
         try:
-            logits = forward_many(self.model, [(r.seq.cache, ids) for r, ids in fed])
+            logits = forward_many(self.model, [(r.seq.cache, ids) for r, _, ids in fed], last_only)
             forward_s = decode_loop.clock() - t
         except Exception:
             # find who it was: each request alone (a request whose forward ran before the failure has its
             # cache one step ahead, so roll every cache back to where this step began)
             logits, forward_s = [], None
-            for req, ids in fed:
-                crop_to(req.seq.cache, req.seq.ids.shape[0] - 1)
+            for req, before, ids in fed:
+                crop_to(req.seq.cache, before)
                 try:
-                    logits.append(forward_many(self.model, [(req.seq.cache, ids)])[0])
+                    logits.append(forward_many(self.model, [(req.seq.cache, ids)], last_only)[0])
                 except Exception as e:
                     self._fail(req, e)
                     logits.append(None)
-        for (req, _), lg in zip(fed, logits):
+        for (req, _, _), lg in zip(fed, logits):
             if lg is not None:
                 self._deliver(req, lambda r=req, x=lg: r.seq.finish(x, forward_s))
 

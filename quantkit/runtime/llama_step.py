@@ -138,7 +138,7 @@ def _attend(q, k, v, mask_add, scale):
 
 
 def layers_forward(model, h: torch.Tensor, cos, sin, mask_add, ks, vs, rows, pos, read) -> torch.Tensor:
-    """The decoder layers over hidden states h [B, T, D]. ks/vs: per-layer caches [slots, positions, heads, d];
+    """The decoder layers over hidden states h [B, T, D]. ks/vs: per-layer caches [slots, heads, positions, d];
     rows/pos [B, T] where each new key goes; `read` the slot rows to attend over (a slice or an index tensor);
     mask_add [B, 1, T, Lk] holds 0 where a query may look and -inf where it may not."""
     B, T, _ = h.shape
@@ -154,10 +154,10 @@ def layers_forward(model, h: torch.Tensor, cos, sin, mask_add, ks, vs, rows, pos
         q = _rotate(q.transpose(1, 2), cos, sin)
         k = _rotate(k.transpose(1, 2), cos, sin).transpose(1, 2)
         kl, vl = ks[i], vs[i]
-        kl[rows, pos] = k.to(kl.dtype)
-        vl[rows, pos] = v.to(vl.dtype)
-        kc = kl[read, :Lk].transpose(1, 2).to(q.dtype)
-        vc = vl[read, :Lk].transpose(1, 2).to(q.dtype)
+        kl[rows, :, pos] = k.to(kl.dtype)  # indices around a slice: the indexed shape is [B, T, heads, d], as k's
+        vl[rows, :, pos] = v.to(vl.dtype)
+        kc = kl[read, :, :Lk].to(q.dtype)
+        vc = vl[read, :, :Lk].to(q.dtype)
         o = _attend(q, kc, vc, mask_add, attn.scaling)
         h = h + attn.o_proj(o.transpose(1, 2).reshape(B, T, -1))
         gate, up = plan.gate_up[i](layer.post_attention_layernorm(h))

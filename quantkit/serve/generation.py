@@ -66,7 +66,7 @@ def sampling_params(state: ServeState, body, max_tokens: int | None, default: in
         max_tokens=max_tokens, temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p, top_k=body.top_k or 0, seed=body.seed,
         stop=body.stop_list, logit_bias=bias, presence_penalty=body.presence_penalty or 0.0,
-        frequency_penalty=body.frequency_penalty or 0.0, logprobs=logprobs)
+        frequency_penalty=body.frequency_penalty or 0.0, logprobs=logprobs, ignore_eos=bool(body.ignore_eos))
     try:
         return params.validate()
     except UserError as e:

@@ -82,6 +82,7 @@ class _Body(StrictModel):
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]] | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
+    ignore_eos: bool | None = None  # not in OpenAI's API; vLLM's: generate max_tokens tokens whatever comes
     # Accepted and ignored: none of them changes the answer.
     user: str | None = None
     metadata: dict[str, str] | None = None
