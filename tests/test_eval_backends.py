@@ -75,3 +75,49 @@ def test_bad_backend_choices_fail_before_any_scoring(folders, monkeypatch):
     with pytest.raises(UserError, match="bench/vllm_env.sh"):
         run_eval(folders / "base", [folders / "w4"], data=str(text_file(folders)), seq_len=64, max_windows=2,
                  backends=["quantkit", "vllm"], plots=False)
+
+
+VLLM_LOG = """\
+(EngineCore pid=11) WARNING 12-01 20:02:44 [vllm.py:725] Model Runner V2 requires Triton
+(Worker pid=12) ERROR 12-01 20:02:44 [multiproc_executor.py:953] Traceback (most recent call last):
+(Worker pid=12) ERROR 12-01 20:02:44 [multiproc_executor.py:953]   File "x.py", line 1, in f
+(Worker pid=12) ERROR 12-01 20:02:44 [multiproc_executor.py:953] ValueError: Failed to find a kernel. Reasons:
+(Worker pid=12) ERROR 12-01 20:02:44 [multiproc_executor.py:953]  CPUWNA16 cannot: uint8b128 not supported
+(Worker pid=12) ERROR 12-01 20:02:44 [multiproc_executor.py:953]
+(EngineCore pid=11) ERROR 12-01 20:02:46 [core.py:1510] Exception: WorkerProc initialization failed due to an \
+exception in a background process. See stack trace for root cause.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
+"""
+
+
+def test_root_cause_is_the_engines_own_reason_not_its_wrappers():
+    from quantkit.evaluate.backends import root_cause
+
+    assert root_cause(VLLM_LOG) == ("ValueError: Failed to find a kernel. Reasons: CPUWNA16 cannot: uint8b128 not "
+                                    "supported")
+    assert root_cause(VLLM_LOG.replace("ValueError: Failed", "Failed")) is None  # only wrappers left
+
+
+def test_a_hung_engine_is_reported_and_its_processes_killed(tmp_path):
+    """vLLM's worker processes can outlive a failed start and keep the output open; the whole process group
+    goes, and the job comes back as not ok with a reason instead of blocking the caller."""
+    import os
+    import time
+
+    from quantkit.evaluate.backends import score_vllm
+
+    fake = tmp_path / "python"
+    pid_file = tmp_path / "child.pid"
+    fake.write_text(f"#!/bin/sh\nsleep 600 &\necho $! > {pid_file}\n"
+                    "echo 'ValueError: no kernel for this scheme'\nwait\n")
+    fake.chmod(0o755)
+    t0 = time.time()
+    [res] = score_vllm([{"model": "m", "dtype": "float16", "windows": [], "prompts": [], "max_new": 0}],
+                       str(fake), timeout=3)
+    assert time.time() - t0 < 30
+    assert not res.ok and res.error.startswith("no answer within 3 s") and "no kernel for this scheme" in res.error
+    child = int(pid_file.read_text())
+    time.sleep(0.2)
+    status = f"/proc/{child}/status"
+    # gone, or a zombie nobody has reaped yet (its parent was killed too): either way it runs no more
+    assert not os.path.exists(status) or "State:\tZ" in open(status).read()

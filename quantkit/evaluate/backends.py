@@ -48,7 +48,9 @@ def vllm_python(explicit: str | None = None) -> str:
                         "--vllm-python .venv-vllm/bin/python (or set QUANTKIT_VLLM_PYTHON)")
     if not Path(path).is_file():
         raise UserError(f"--vllm-python '{path}' does not exist; make the venv with `bash bench/vllm_env.sh`")
-    return path
+    # absolute, not resolved: the worker runs in another folder, and a venv's python is a symlink that must
+    # stay one for the venv to be used
+    return str(Path(path).absolute())
 
 
 @torch.inference_mode()
@@ -92,18 +94,64 @@ def _score_forward(name, logprobs_of, windows, prompts, greedy_of) -> Scores:
 
 def score_vllm(jobs: list[dict], python: str, timeout: int = 3600) -> list[Scores]:
     """Each job: {"model", "dtype", "windows", "prompts", "max_new", optional "kv_cache_dtype"}; all run in one
-    worker process, one engine after another."""
+    worker process, one engine after another. A job the engine refuses or never answers gets ok=False and the
+    root cause vLLM logged (its own exception names only "see root cause above")."""
     with tempfile.TemporaryDirectory(prefix="quantkit-vllm-") as tmp:
-        job_file, out_file = Path(tmp) / "jobs.json", Path(tmp) / "out.json"
+        job_file, out_file, log_file = Path(tmp) / "jobs.json", Path(tmp) / "out.json", Path(tmp) / "worker.log"
         job_file.write_text(json.dumps({"jobs": jobs}))
-        proc = subprocess.run([python, str(WORKER), str(job_file), str(out_file)], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, **VLLM_ENV}, cwd=tmp)
+        with open(log_file, "w") as log:
+            # a session of its own: vLLM's engine and worker processes can outlive a failed start (one was
+            # found spinning a core) and hold the output open, so the whole group is killed at the end
+            proc = subprocess.Popen([python, str(WORKER), str(job_file), str(out_file)], stdout=log,
+                                    stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV}, cwd=tmp,
+                                    start_new_session=True)
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                _kill_group(proc.pid)
         results = json.loads(out_file.read_text())["results"] if out_file.is_file() else []
+        cause = root_cause(log_file.read_text(errors="replace"))
     if len(results) < len(jobs):
-        tail = " ".join(proc.stderr.split()[-60:])
-        results += [{"ok": False, "error": f"the vLLM worker exited ({proc.returncode}): {tail}"}] * (
-            len(jobs) - len(results))
-    return [Scores("vllm", r["ok"], r.get("nll", []), r.get("greedy", []), r.get("error")) for r in results]
+        results += [{"ok": False, "error": f"no answer within {timeout} s (the engine hung or died)"
+                                           + (f": {cause}" if cause else "")}] * (len(jobs) - len(results))
+    out = []
+    for r in results:
+        err = r.get("error")
+        if err and cause and "root cause" in err:
+            err = cause
+        out.append(Scores("vllm", r["ok"], r.get("nll", []), r.get("greedy", []), err))
+    return out
+
+
+def _kill_group(pid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+_WRAPPERS = ("initialization failed", "See root cause", "see stack trace")
+
+
+def root_cause(log: str) -> str | None:
+    """The last exception line vLLM logged that is not one of its wrappers, with the reason lines under it."""
+    import re
+
+    lines = [re.sub(r"^\(\w[\w ]*pid=\d+\) \w+ [\d-]+ [\d:]+ \[[^\]]+\] ?", "", ln) for ln in log.splitlines()]
+    found = None
+    for i, ln in enumerate(lines):
+        if re.match(r"^[A-Za-z_.]*(Error|Exception): ", ln) and not any(w in ln for w in _WRAPPERS):
+            reasons = []
+            for nxt in lines[i + 1:i + 6]:
+                if not nxt.startswith(" ") or not nxt.strip():
+                    break
+                reasons.append(nxt.strip())
+            found = " ".join([ln.strip(), *reasons])
+    return found[:600] if found else None
 
 
 def compare(ref: Scores, other: Scores, n_greedy: int = 16) -> dict:
