@@ -58,7 +58,7 @@ def score_transformers(path: str, windows, prompts, max_new: int, dtype: str) ->
     """transformers (+ compressed-tensors, which decompresses a quantised checkpoint on a CPU)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype]).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], **_transformers_kwargs(path)).eval()
 
     def greedy(p: list[int]) -> list[int]:
         out = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=max_new, min_new_tokens=max_new,
@@ -67,6 +67,18 @@ def score_transformers(path: str, windows, prompts, max_new: int, dtype: str) ->
 
     return _score_forward("transformers", lambda ids: model(ids).logits[0, :-1].float().log_softmax(-1), windows,
                           prompts, greedy)
+
+
+def _transformers_kwargs(path: str) -> dict:
+    """transformers 5.24's compressed path registers zero points unpacked and re-initialises the packed ones it
+    reads (a load error naming every weight_zero_point); its dequantize=True path runs compressed-tensors' own
+    decompress, which reads them as written. Asymmetric checkpoints take that path."""
+    from transformers import CompressedTensorsConfig
+
+    qc = json.loads((Path(path) / "config.json").read_text()).get("quantization_config") or {}
+    groups = (qc.get("config_groups") or {}).values()
+    asym = any((g.get("weights") or {}).get("symmetric") is False for g in groups)
+    return {"quantization_config": CompressedTensorsConfig(dequantize=True)} if asym else {}
 
 
 @torch.inference_mode()

@@ -16,8 +16,8 @@ from .backends import Scores, compare, score_transformers, score_vllm
 CALIB = {"calibration.spec": "{texts}/prose_calib.txt", "calibration.num_samples": 16, "calibration.seq_len": 128}
 # AWQ's format is what is checked here, not its search: a coarse grid on few tokens keeps CI short
 AWQ_FAST = {"quant.awq.grid": 5, "quant.awq.search_tokens": 512}
-GPU_ONLY_TIMEOUT = 150  # seconds: a refusal comes within ~30; the FP8 path on this CPU build loads, then hangs
-MIXED = [{"match": "re:.*mlp\\.down_proj", "scheme": "w4a16", "group_size": 32, "symmetric": False}]
+GPU_ONLY_TIMEOUT = 90  # seconds: a refusal comes within ~30; the FP8 path on this CPU build loads, then hangs
+MIXED = [{"match": "re:.*mlp\\.down_proj", "scheme": "w4a16", "group_size": 32}]
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ CASES = [
     Case("w4 g64 awq", {"quant.group_size": 64, "quant.method": "awq", **AWQ_FAST, **CALIB}),
     Case("w4 g64 awq+gptq", {"quant.group_size": 64, "quant.method": "awq+gptq", "quant.gptq.actorder": "weight",
                              **AWQ_FAST, **CALIB}),
-    Case("w4 mixed g64 sym + down_proj g32 asym", {"quant.group_size": 64}, targets=MIXED),
+    Case("w4 mixed g64 + down_proj g32", {"quant.group_size": 64}, targets=MIXED),
     Case("w4 g64 + fp8 kv cache", {"quant.group_size": 64, "quant.kv_cache": "fp8", **CALIB},
          kv_cache_dtype="fp8"),
     Case("w4 g64 sym rtn", {"quant.group_size": 64}, dtype="bfloat16"),
