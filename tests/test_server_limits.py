@@ -10,25 +10,8 @@ import pytest
 
 from quantkit.testing.models import single_thread
 
-from serve_helpers import NAME, Served, assert_error, random_model, real_tokenizer, wait_idle
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return real_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return random_model(tok)
-
-
-@pytest.fixture(scope="module")
-def server(model, tok):
-    with single_thread():
-        s = Served(model, tok)
-        yield s
-        s.stop()
+from serve_helpers import NAME, Served, assert_error, wait_idle
+from serve_fixtures import model, server, tok  # noqa: F401  (fixtures)
 
 
 def no_eos(tok) -> dict:

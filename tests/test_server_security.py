@@ -11,20 +11,11 @@ from quantkit.testing.models import single_thread
 from quantkit.serve import security
 from quantkit.serve.playground import STATIC, CompareModel, mount
 
-from serve_helpers import NAME, Served, assert_error, random_model, real_tokenizer
+from serve_helpers import NAME, Served, assert_error, random_model
+from serve_fixtures import model, tok  # noqa: F401  (fixtures)
 
 KEY = "s3cret-ключ"  # not ASCII: the comparison must work on bytes
 AUTH = {"Authorization": "Bearer " + KEY}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return real_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return random_model(tok)
 
 
 @pytest.fixture(scope="module")

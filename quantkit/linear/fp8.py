@@ -9,7 +9,6 @@ at the end, so both paths differ only by float32 summation order.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .. import e4m3

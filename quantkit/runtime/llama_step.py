@@ -15,7 +15,6 @@ from __future__ import annotations
 import weakref
 
 import torch
-import torch.nn.functional as F
 
 from ..linear.fused import fuse
 from ..linear.packed import MIN_ROWS, PackedLinear
