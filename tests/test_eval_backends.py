@@ -121,3 +121,14 @@ def test_a_hung_engine_is_reported_and_its_processes_killed(tmp_path):
     status = f"/proc/{child}/status"
     # gone, or a zombie nobody has reaped yet (its parent was killed too): either way it runs no more
     assert not os.path.exists(status) or "State:\tZ" in open(status).read()
+
+
+def test_greedy_may_part_only_at_a_near_tie():
+    from quantkit.evaluate.backends import NEAR_TIE, compare
+
+    ref = Scores("transformers", True, [[1.0]], [[5, 6, 7, 8]], margins=[[2.0, NEAR_TIE / 2, 2.0, 2.0]])
+    tie = Scores("vllm", True, [[1.0]], [[5, 9, 9, 9]])  # parts at step 1, where ref's top two were close
+    real = Scores("vllm", True, [[1.0]], [[9, 9, 9, 9]])  # parts at step 0, a clear choice
+    assert compare(ref, tie, n_greedy=4)["greedy_ok"] and compare(ref, tie, n_greedy=4)["parting_margin"] == [0.025]
+    assert not compare(ref, real, n_greedy=4)["greedy_ok"]
+    assert compare(ref, ref, n_greedy=4)["greedy_ok"] and compare(ref, ref, n_greedy=4)["parting_margin"] == [None]

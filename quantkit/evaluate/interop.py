@@ -82,10 +82,16 @@ def build(case: Case, out: Path, texts: Path) -> Path:
 
 def run(cases: list[Case], paths: list[Path], windows, prompts, max_new: int, vllm_python: str) -> list[dict]:
     """One row per case: transformers' and vLLM's scores and how far apart they are."""
+    # transformers has no FP8 KV cache: the format is checked with vLLM's cache in the model dtype, and the
+    # FP8 cache is scored on its own beside it (a second job, the checkpoint's k_scale/v_scale in use)
     jobs = [{"model": str(p), "dtype": c.dtype, "windows": windows, "prompts": prompts if c.cpu else [],
-             "max_new": max_new, "kv_cache_dtype": c.kv_cache_dtype} for c, p in zip(cases, paths)]
+             "max_new": max_new} for c, p in zip(cases, paths)]
     cpu = [i for i, c in enumerate(cases) if c.cpu]
-    served = dict(zip(cpu, score_vllm([jobs[i] for i in cpu], vllm_python)))
+    kv = [i for i in cpu if cases[i].kv_cache_dtype]
+    extra = [{**jobs[i], "prompts": [], "kv_cache_dtype": cases[i].kv_cache_dtype} for i in kv]
+    answers = score_vllm([jobs[i] for i in cpu] + extra, vllm_python)
+    served = dict(zip(cpu, answers))
+    kv_scores = dict(zip(kv, answers[len(cpu):]))
     for i, c in enumerate(cases):  # each in a worker of its own: the CPU build can hang on a GPU-only scheme
         if not c.cpu:
             served[i] = score_vllm([jobs[i]], vllm_python, timeout=GPU_ONLY_TIMEOUT)[0]
@@ -94,8 +100,13 @@ def run(cases: list[Case], paths: list[Path], windows, prompts, max_new: int, vl
     for case, path, vl in zip(cases, paths, served):
         ref = score_transformers(str(path), windows, prompts, max_new, case.dtype) if case.cpu or vl.ok \
             else Scores("transformers", False, error="not scored: vLLM refused the checkpoint")
-        rows.append({"case": case.name, "dtype": case.dtype, "cpu_kernel": case.cpu, "path": str(path),
-                     "transformers_ppl": ref.perplexity, "vllm": compare(ref, vl), "vllm_error": vl.error})
+        row = {"case": case.name, "dtype": case.dtype, "cpu_kernel": case.cpu, "path": str(path),
+               "transformers_ppl": ref.perplexity, "vllm": compare(ref, vl), "vllm_error": vl.error}
+        if case.kv_cache_dtype:
+            k = kv_scores[cases.index(case)]
+            row["vllm_kv"] = {"kv_cache_dtype": case.kv_cache_dtype, "ok": k.ok, "ppl": k.perplexity,
+                              "error": k.error}
+        rows.append(row)
     return rows
 
 
@@ -107,9 +118,21 @@ def markdown(rows: list[dict]) -> str:
         v = r["vllm"]
         if v["ok"]:
             lines.append(f"| {r['case']} | {r['dtype']} | {r['transformers_ppl']:.4f} | {v['ppl']:.4f} | "
-                         f"{100 * v['ppl_rel']:+.3f}% | {v['logprob_mean_abs']:.4f} | "
-                         f"{', '.join(map(str, v['greedy_agree'])) or '-'} |")
+                         f"{100 * v['ppl_rel']:+.3f}% | {v['logprob_mean_abs']:.4f} | {_greedy_cell(v)} |")
+            k = r.get("vllm_kv")
+            if k and k["ok"]:
+                lines.append(f"| ↳ same, vLLM `kv_cache_dtype={k['kv_cache_dtype']}` (checkpoint's k/v scales) | "
+                             f"{r['dtype']} | - | {k['ppl']:.4f} | {100 * (k['ppl'] / v['ppl'] - 1):+.3f}% vs its "
+                             f"own model-dtype cache | | |")
         else:
             why = (r["vllm_error"] or v.get("error") or "?").replace("|", "/")[:160]
             lines.append(f"| {r['case']} | {r['dtype']} | - | GPU-only on vLLM: {why} | | | |")
     return head + "\n".join(lines) + "\n"
+
+
+def _greedy_cell(v: dict) -> str:
+    """Tokens equal per prompt; where they part before 16, the reference's top-1/top-2 gap there (nats)."""
+    cells = []
+    for a, m in zip(v["greedy_agree"], v["parting_margin"]):
+        cells.append(str(a) if m is None else f"{a} (tie gap {m:.3f})")
+    return ", ".join(cells) or "-"
