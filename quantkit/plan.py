@@ -61,7 +61,10 @@ class Plan:
         return solver_for(self.method, self.schemes[name])
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
-        return solver_for(method or self.method, self.schemes[name])(name, weight, self.schemes[name], self.options)
+        scheme = self.schemes[name]
+        # act-order is for integer grids: on FP8 it gave better KL but worse perplexity (docs/benchmarks.md)
+        opts = {**self.options, "actorder": None} if scheme.is_fp8 else self.options
+        return solver_for(method or self.method, scheme)(name, weight, scheme, opts)
 
 
 def _ignored(recipe: Recipe, name: str, mod: nn.Module) -> bool:

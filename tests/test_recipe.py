@@ -229,3 +229,22 @@ def test_gptq_defaults_to_act_order_weight():
     assert {s.actorder for s in build_plan(model, off).schemes.values()} == {None}
     rtn = apply_overrides(Recipe(), {"quant.group_size": 32})  # act-order means nothing without GPTQ
     assert {s.actorder for s in build_plan(model, rtn).schemes.values()} == {None}
+
+
+def test_fp8_gptq_keeps_column_order_under_the_default():
+    """Act-order is for integer grids; on FP8 it was measured to cost perplexity, so the new default leaves FP8
+    GPTQ in natural column order while integer Linears of the same run get act-order."""
+    import torch
+    from helpers import tiny_model
+
+    from quantkit.plan import build_plan
+    from quantkit.recipe import Recipe, apply_overrides
+
+    model = tiny_model("llama")
+    r = apply_overrides(Recipe(), {"quant.method": "gptq", "quant.group_size": 32,
+                                   "quant.targets": [{"match": "re:.*mlp\\..*", "scheme": "fp8"}]})
+    plan = build_plan(model, r)
+    w = torch.randn(256, 128)
+    fp8 = plan.make_solver("model.layers.0.mlp.gate_proj", w)
+    integer = plan.make_solver("model.layers.0.self_attn.q_proj", torch.randn(128, 128))
+    assert fp8.options["actorder"] is None and integer.options["actorder"] == "weight"

@@ -84,8 +84,11 @@ def run(cases: list[Case], paths: list[Path], windows, prompts, max_new: int, vl
     """One row per case: transformers' and vLLM's scores and how far apart they are."""
     # transformers has no FP8 KV cache: the format is checked with vLLM's cache in the model dtype, and the
     # FP8 cache is scored on its own beside it (a second job, the checkpoint's k_scale/v_scale in use)
+    # (vLLM turns the FP8 cache on by itself for a checkpoint with a kv_cache_scheme: the model dtype is asked
+    # for by name)
     jobs = [{"model": str(p), "dtype": c.dtype, "windows": windows, "prompts": prompts if c.cpu else [],
-             "max_new": max_new} for c, p in zip(cases, paths)]
+             "max_new": max_new, "kv_cache_dtype": c.dtype if c.kv_cache_dtype else None}
+            for c, p in zip(cases, paths)]
     cpu = [i for i, c in enumerate(cases) if c.cpu]
     kv = [i for i in cpu if cases[i].kv_cache_dtype]
     extra = [{**jobs[i], "prompts": [], "kv_cache_dtype": cases[i].kv_cache_dtype} for i in kv]

@@ -54,7 +54,7 @@ class GPTQOptions(_Strict):
     # (docs/benchmarks.md, "GPTQ's default act-order")
     actorder: Literal["off", "weight"] = Field(
         "weight", description="'weight': quantise columns by decreasing Hessian diagonal, groups kept in order "
-                           "(no g_idx, loads everywhere).")
+                           "(no g_idx, loads everywhere). Integer schemes only; FP8 GPTQ keeps column order.")
     static_groups: bool = Field(True, description="Fix group scales before reordering (no g_idx with 'weight').")
 
     @field_validator("actorder", mode="before")
