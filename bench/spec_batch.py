@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from common import prompt_ids  # noqa: E402
-from quantkit.runtime import build  # noqa: E402
+from quantkit.open_model import open_model  # noqa: E402
 from quantkit.runtime.engine import Engine  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 from quantkit.drafts import self_w4_draft  # noqa: E402
-from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter  # noqa: E402
+from quantkit.runtime.speculative import ModelDrafter  # noqa: E402
 
 
 def run(model, tok, prompts, n: int, tokens: int, factory, k: int, speculate: bool) -> float:
@@ -66,13 +66,11 @@ def main():
     ap.add_argument("-k", type=int, default=4)
     ap.add_argument("--model", default="embedded", help="the served model: 'embedded' (float32) or a checkpoint")
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    tok = build.load_tokenizer("embedded")
-    model = build.load_model(a.model, torch.float32)
+    opened = open_model(a.model, dtype="float32", threads=a.threads, prompt_lookup=3 if a.draft == "lookup" else None)
+    model, tok = opened.model, opened.tokenizer
     prompts = prompt_ids(tok, "code_edit")
-    if a.draft == "lookup":
-        factory = lambda: PromptLookupDrafter(3)  # noqa: E731
-    else:
+    factory = opened.make_drafter
+    if a.draft == "self-w4":  # the fake-quantised draft (float Linears), not serve's packed one
         draft = self_w4_draft(model)
         factory = lambda: ModelDrafter(draft)  # noqa: E731
     run(model, tok, prompts, 1, 4, None, a.k, False)  # warm-up

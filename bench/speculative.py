@@ -22,10 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from common import SETS, decode_hf, decode_ours, half_weights, prompt_ids  # noqa: E402
+from quantkit.open_model import open_model  # noqa: E402
 from quantkit.runtime import build  # noqa: E402
 from quantkit.runtime.generate import eos_ids  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
-from quantkit.drafts import self_w4_draft  # noqa: E402
 from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter  # noqa: E402
 
 
@@ -51,16 +51,13 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="dtype of the target (and of transformers' reference model)")
     a = ap.parse_args()
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    tok = build.load_tokenizer("embedded")
     dtype = build.parse_dtype(a.dtype)
-    with half_weights(not a.float32_weights):
-        model = build.load_model("embedded", dtype)
+    with half_weights(not a.float32_weights):  # the target as `quantkit serve --draft self-w4` opens it
+        opened = open_model("embedded", dtype=a.dtype, threads=a.threads or None, draft="self-w4",
+                            compile=a.compile)
+    model, tok = opened.model, opened.tokenizer
     eos = eos_ids(model, tok)
-    draft = self_w4_draft(model, packed=True)
-    if a.compile and not build.compile_decode(model):
-        print(build.STAYS_EAGER_NOTE)
+    draft = opened.make_drafter().model  # the packed self-W4 model every drafter of this run shares
     from transformers import AutoModelForCausalLM
 
     stock = AutoModelForCausalLM.from_pretrained(build.resolve_path("embedded"), dtype=dtype).eval()
