@@ -39,7 +39,8 @@ def read_header(path: str | Path) -> dict:
         if not 0 < n <= _MAX_HEADER:
             raise UserError(f"{path} is not a safetensors file (bad header length); {REDO}")
         if 8 + n > size:
-            raise UserError(f"{path} is truncated: it ends inside its {n}-byte header ({size} bytes); {REDO}")
+            raise UserError(f"{path} is truncated or corrupt: it ends inside its {n}-byte header ({size} bytes); "
+                            f"{REDO}")
         raw = fh.read(n)
     try:
         head = json.loads(raw)

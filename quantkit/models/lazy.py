@@ -7,8 +7,8 @@ tensors such as norms and biases stay, because AWQ folds its scales into them an
 Peak memory is therefore about one layer plus the calibration activations, the head, and the codes.
 
 `open_lazy` returns None whenever the checkpoint cannot be mapped onto the model one key per state-dict entry
-(not safetensors, renamed or fused keys that transformers converts on load, shape changes); the caller then
-loads the whole model the ordinary way.
+(not safetensors, renamed or fused keys that transformers converts on load); the caller then loads the whole
+model the ordinary way. A shape that does not match config.json is an error (shape_check.py), not a fallback.
 """
 from __future__ import annotations
 
@@ -151,7 +151,6 @@ def _source_keys(model: nn.Module, ckpt_keys, aliases: dict[str, list[str]]) -> 
 
 def open_lazy(model: str | None, dtype: str = "auto"):
     """(model, tokenizer or None, source folder, LazyWeights), or None when only a full load will do."""
-    from safetensors import safe_open
     from transformers import GenerationConfig
 
     src = resolve_model_dir(model)
@@ -166,16 +165,7 @@ def open_lazy(model: str | None, dtype: str = "auto"):
     sources = _source_keys(m, files, weights.aliases)
     if sources is None:
         return None
-    shapes = {}
-    for path in set(files.values()):
-        try:
-            with safe_open(path, framework="pt") as f:
-                shapes.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
-        except Exception as e:
-            raise load_error(src, e) from None
-    sd = m.state_dict()
-    if any(shapes[c] != tuple(sd[k].shape) for k, c in sources.items()):
-        return None
+    # shapes need no second look: check_weights_match refused any tensor whose shape differs from the model's
     weights.sources = sources
     in_layers = f"{weights.layers_name}."
     weights.materialise([k for k in sources if not k.startswith(in_layers)])

@@ -6,30 +6,24 @@ size, which can be killed for memory with no message, or fail pointing at a load
 """
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 from torch import nn
 
 from ..errors import UserError
+from ..formats.safetensors_header import read_header
 
 
 def safetensors_shapes(src: Path) -> dict[str, tuple[int, ...]] | None:
-    """{tensor key: shape} from the headers of SRC's safetensors files; None when there are none."""
+    """{tensor key: shape} from the headers of SRC's safetensors files; None when there are none. A file that is
+    corrupt or cut short is a UserError here, before anything else reads it."""
     files = sorted(src.glob("*.safetensors"))
     if not files:
         return None
     shapes: dict[str, tuple[int, ...]] = {}
     for f in files:
-        try:
-            with open(f, "rb") as fh:
-                (n,) = struct.unpack("<Q", fh.read(8))
-                header = json.loads(fh.read(n))
-        except (OSError, ValueError, struct.error, MemoryError):
-            raise UserError(f"the safetensors file '{f}' is corrupt (its header cannot be read); re-download or "
-                            "re-save the model") from None
-        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+        head = read_header(f)
+        shapes.update({k: tuple(v["shape"]) for k, v in head.items() if k != "__metadata__"})
     return shapes
 
 
