@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 
 from ..errors import UserError
-from .backends import BACKENDS, Scores, score_quantkit, score_transformers, score_vllm, vllm_python
+from .backends import BACKENDS, Scores, greedy_agreement, score_quantkit, score_transformers, score_vllm, vllm_python
 
 
 def check_backends(backends: list[str]) -> list[str]:
@@ -59,8 +59,7 @@ def _row(label, backend, s: Scores, first: Scores, median, tolerance, min_agree)
         return {"model": label, "backend": backend, "ppl": None, "vs_median": None, "greedy_agree": None,
                 "flagged": True, "error": s.error}
     rel = s.perplexity / median - 1 if median else None
-    agree = [next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-             for a, b in zip(first.greedy, s.greedy)] if first.ok else []
+    agree = greedy_agreement(first, s) if first.ok else []
     short = [a for a, g in zip(agree, first.greedy) if a < min(min_agree, len(g))]
     return {"model": label, "backend": backend, "ppl": s.perplexity, "vs_median": rel, "greedy_agree": agree,
             "flagged": (rel is not None and abs(rel) > tolerance) or bool(short), "error": None}

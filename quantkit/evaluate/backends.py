@@ -174,6 +174,12 @@ def root_cause(log: str) -> str | None:
     return found[:600] if found else None
 
 
+def greedy_agreement(ref: Scores, other: Scores) -> list[int]:
+    """Per prompt, how many greedy tokens the two continuations share before they first part."""
+    return [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            for a, b in zip(ref.greedy, other.greedy)]
+
+
 # Two engines' roundings may flip a greedy choice whose top two tokens are this close (nats); a wrong scale or
 # zero point moves logits by far more, so a parting at such a near-tie is not a failure.
 NEAR_TIE = 0.05
@@ -185,10 +191,7 @@ def compare(ref: Scores, other: Scores, n_greedy: int = 16) -> dict:
     if not (ref.ok and other.ok):
         return {"ok": False, "error": other.error or ref.error}
     deltas = [abs(a - b) for wa, wb in zip(ref.nll, other.nll) for a, b in zip(wa, wb)]
-    agree = []
-    for a, b in zip(ref.greedy, other.greedy):
-        same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-        agree.append(same)
+    agree = greedy_agreement(ref, other)
     return {"ok": True, "ppl": other.perplexity, "ref_ppl": ref.perplexity,
             "ppl_rel": other.perplexity / ref.perplexity - 1, "logprob_mean_abs": sum(deltas) / len(deltas),
             "logprob_max_abs": max(deltas), "greedy_agree": agree,
