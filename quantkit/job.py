@@ -30,11 +30,12 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, lazy: bool = True) -> 
         raise UserError("no output folder; pass -o OUT")
     for name in [recipe.quant.scheme, *(t.scheme for t in recipe.quant.targets)]:
         get_scheme(name)
-    with OutputClaim(Path(recipe.output), resolve_model_dir(recipe.model), recipe.overwrite) as claim:
-        return _run(recipe, claim, progress, lazy)
+    src = resolve_model_dir(recipe.model)  # once: a hub id means a snapshot lookup; below, the folder is used
+    with OutputClaim(Path(recipe.output), src, recipe.overwrite) as claim:
+        return _run(recipe, src, claim, progress, lazy)
 
 
-def _load(recipe: Recipe, storage: torch.dtype, lazy: bool):
+def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
     """(model, tokenizer, source, LazyWeights or None, plan): layer-by-layer loading unless only a full load works."""
     from .models.hf import load_float_model
     from .models.lazy import open_lazy
@@ -42,7 +43,7 @@ def _load(recipe: Recipe, storage: torch.dtype, lazy: bool):
     # A CPU has no fast float16/bfloat16 matmul (calibration passes ran 13x slower in float16 than in float32 on
     # SmolLM2), so the model computes in float32 there; the checkpoint is still written in the storage dtype.
     compute = "float32" if recipe.device == "cpu" else recipe.dtype
-    opened = open_lazy(recipe.model, compute) if lazy else None
+    opened = open_lazy(str(folder), compute) if lazy else None
     if opened is not None:
         model, tok, src, weights = opened
         plan = build_plan(model, recipe, storage)
@@ -50,7 +51,7 @@ def _load(recipe: Recipe, storage: torch.dtype, lazy: bool):
         if not (self_calib and plan.needs_data):
             return model, tok, src, weights, plan
         del model, weights, opened  # self-generated calibration samples text from the whole model
-    model, tok, src = load_float_model(recipe.model, compute, recipe.device)
+    model, tok, src = load_float_model(str(folder), compute, recipe.device)
     return model, tok, src, None, build_plan(model, recipe, storage)
 
 
@@ -65,15 +66,15 @@ def _calibration(recipe: Recipe, model, tok, src):
     return cs.samples, cs.meta
 
 
-def _run(recipe: Recipe, claim, progress, lazy: bool) -> dict:
+def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     from .formats.writer import write_checkpoint
-    from .models.hf import read_config, resolve_dtype, resolve_model_dir
+    from .models.hf import read_config, resolve_dtype
     from .models.lazy import meta_tensors
     from .pipeline import quantize_model
 
     t0 = time.time()
-    storage = resolve_dtype(recipe.dtype, read_config(resolve_model_dir(recipe.model)))
-    model, tok, src, weights, plan = _load(recipe, storage, lazy)
+    storage = resolve_dtype(recipe.dtype, read_config(folder))
+    model, tok, src, weights, plan = _load(recipe, folder, storage, lazy)
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
     calib, calib_meta = _calibration(recipe, model, tok, src) if plan.needs_data else (None, None)
     result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights)
