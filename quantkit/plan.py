@@ -6,7 +6,7 @@ gets, whether calibration data is needed, the solvers' options and the KV-cache 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -55,10 +55,6 @@ class Plan:
     kv_scheme: dict | None = None
     awq: dict | None = None  # AWQ's options when the method scales first
     storage_dtype: torch.dtype = torch.float32
-    ignore: list[str] = field(default_factory=list)
-
-    def solver(self, name: str) -> type[LinearSolver]:
-        return solver_for(self.method, self.schemes[name])
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
         scheme = self.schemes[name]
@@ -143,4 +139,4 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
         solver_for(q.method, s).needs_data for s in schemes.values())
     return Plan(schemes=schemes, method=q.method, group_size=group_size, options=solver_options(recipe, storage),
                 needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq,
-                storage_dtype=storage, ignore=list(q.ignore))
+                storage_dtype=storage)

@@ -167,6 +167,10 @@ class OutputClaim:
 _RENAME_NOREPLACE = 1
 
 
+def _appeared(dst: Path) -> UserError:
+    return UserError(f"'{dst}' appeared while quantising; nothing was replaced, choose another -o path")
+
+
 def _rename_noreplace(src: Path, dst: Path) -> None:
     """rename(2) that fails if DST exists (an empty folder included, which plain rename would replace)."""
     try:
@@ -181,8 +185,8 @@ def _rename_noreplace(src: Path, dst: Path) -> None:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOSYS):  # EINVAL/ENOSYS: the file system lacks the flag
             if err == errno.EEXIST:
-                raise UserError(f"'{dst}' appeared while quantising; nothing was replaced, choose another -o path")
+                raise _appeared(dst)
             raise OSError(err, os.strerror(err), str(dst))
     if dst.exists():
-        raise UserError(f"'{dst}' appeared while quantising; nothing was replaced, choose another -o path")
+        raise _appeared(dst)
     os.rename(src, dst)
