@@ -13,11 +13,9 @@ from torch import nn
 
 from .errors import UserError
 from .recipe import Recipe
-from .schemes import Scheme, get_scheme, scale_dtype_for
+from .schemes import Scheme, fitting_group_size, get_scheme, scale_dtype_for
 from .solvers.base import LinearSolver
 from .targets import matches
-
-GROUP_FALLBACKS = (64, 32)  # tried after the scheme's own group size when the user gave none
 
 # the compressed-tensors entry for a static FP8 KV cache (one scale per tensor from calibration)
 FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "tensor", "dynamic": False,
@@ -72,19 +70,14 @@ def _linears(model: nn.Module, recipe: Recipe):
 
 
 def default_group_size(model: nn.Module, recipe: Recipe) -> int | None:
-    """The group size when the user gave none: the scheme's, or the largest of 64/32 dividing every target.
-
-    SmolLM2's 576-wide projections, for one, do not divide by 128.
-    """
+    """The group size when the user gave none: the scheme's, or half or a quarter of it, whichever first
+    divides every target (schemes.fitting_group_size); the scheme's own when none does (then an error names it)."""
     q = recipe.quant
     base = get_scheme(q.scheme)
     if q.group_size is not None or base.is_fp8 or base.group_size == -1:
         return q.group_size
     widths = {m.in_features for _, m in _linears(model, recipe)}
-    for g in (base.group_size, *GROUP_FALLBACKS):
-        if all(w % g == 0 for w in widths):
-            return g
-    return base.group_size
+    return fitting_group_size(widths, base.group_size) or base.group_size
 
 
 def _scheme(recipe: Recipe, name: str, group_size, symmetric) -> Scheme:

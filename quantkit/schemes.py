@@ -68,3 +68,10 @@ def scale_dtype_for(storage: torch.dtype) -> torch.dtype:
     """The dtype scales are stored, and codes solved against, for a checkpoint written in STORAGE: the same
     dtype, except that float32 checkpoints keep float16 scales, the widest every engine's W4 kernel reads."""
     return storage if storage != torch.float32 else torch.float16
+
+
+def fitting_group_size(widths, preferred: int) -> int | None:
+    """The largest of PREFERRED, /2, /4 dividing every width (SmolLM2's 576-wide projections take 64 for a
+    preferred 128), or None; the rule quantize applies when the user gave no group size, and the self-draft too."""
+    return next((g for g in (preferred, preferred // 2, preferred // 4) if g and all(w % g == 0 for w in widths)),
+                None)

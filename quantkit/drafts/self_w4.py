@@ -14,7 +14,7 @@ from ..linear.half_head import use_half_head
 from ..linear.opaque import OpaqueLinear
 from ..linear.quant import QuantLinear
 from ..linear.relayout import float_linear
-from ..schemes import get_scheme
+from ..schemes import fitting_group_size, get_scheme
 from ..solvers.rtn import rtn_quantize
 
 
@@ -33,9 +33,7 @@ def self_w4_draft(model, group_size: int = 128, packed: bool = False):
             if not (type(mod) is torch.nn.Linear or isinstance(mod, OpaqueLinear)) or mod is head:
                 continue
             weight = mod.weight.detach()  # a re-laid-out Linear rebuilds it: read it once
-            # The largest of group_size, /2, /4 dividing the width (SmolLM2's 576 takes 64), as quantize does.
-            gs = next((g for g in (group_size, group_size // 2, group_size // 4) if g and mod.in_features % g == 0),
-                      -1)
+            gs = fitting_group_size([mod.in_features], group_size) or -1  # as quantize chooses; else per channel
             qw = rtn_quantize(weight, get_scheme("w4a16").with_options(group_size=gs))
             if packed:
                 draft.set_submodule(name, _packed_w4(mod, qw, gs, weight.dtype))
