@@ -26,13 +26,16 @@ def dequant_tile(wp_ptr, s_ptr, zp_ptr, gidx_ptr, offs_n, k0, N, K, KW, G, GROUP
     u = tl.reshape(u, (BLOCK_K, BLOCK_N)).to(tl.float32)
     if PER_K_GROUP:
         offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < K
         if HAS_GIDX:
-            g = tl.load(gidx_ptr + offs_k, mask=offs_k < K, other=0)
+            g = tl.load(gidx_ptr + offs_k, mask=k_ok, other=0)
         else:
             g = offs_k // GROUP_SPAN
-        s = tl.load(s_ptr + rows[None, :] * G + g[:, None], mask=n_ok[None, :], other=0.0).to(tl.float32)
+        # columns past K would look up a group >= G (past the scale tensor): mask them, their weight is 0
+        sz_ok = k_ok[:, None] & n_ok[None, :]
+        s = tl.load(s_ptr + rows[None, :] * G + g[:, None], mask=sz_ok, other=0.0).to(tl.float32)
         if HAS_ZP:
-            zw = tl.load(zp_ptr + (offs_n // PER)[None, :] * G + g[:, None], mask=n_ok[None, :], other=0)
+            zw = tl.load(zp_ptr + (offs_n // PER)[None, :] * G + g[:, None], mask=sz_ok, other=0)
             z = ((zw >> ((offs_n % PER) * BITS)[None, :]) & MASK).to(tl.float32)
             w = (u - z) * s
         else:
