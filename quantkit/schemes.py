@@ -25,6 +25,11 @@ class Scheme:
         return self.type == "float"
 
     @property
+    def is_int_activations(self) -> bool:
+        """INT8 weights and INT8 activations (W8A8): one int8 x int8 product per Linear."""
+        return self.type == "int" and self.activations is not None
+
+    @property
     def strategy(self) -> str:
         if self.weight_strategy_override:
             return self.weight_strategy_override
@@ -51,6 +56,9 @@ PRESETS: dict[str, Scheme] = {
     "w8a16": Scheme("w8a16", 8, "int", True, -1),
     "fp8": Scheme("fp8", 8, "float", True, -1, activations="static", weight_strategy_override="tensor"),
     "fp8-dynamic": Scheme("fp8-dynamic", 8, "float", True, -1, activations="dynamic"),
+    # INT8 weights per channel and INT8 activations (compressed-tensors `int-quantized`, the W8A8 preset)
+    "w8a8": Scheme("w8a8", 8, "int", True, -1, activations="dynamic"),
+    "w8a8-static": Scheme("w8a8-static", 8, "int", True, -1, activations="static"),
 }
 
 

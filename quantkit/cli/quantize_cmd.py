@@ -46,7 +46,7 @@ FLAG_FIELDS = {
     "awq_search_tokens": "quant.awq.search_tokens", "awq_fallback": "quant.awq.fallback",
     "calib": "calibration.spec", "num_samples": "calibration.num_samples", "seq_len": "calibration.seq_len",
     "seed": "calibration.seed", "calib_cut": "calibration.cut", "text_field": "calibration.text_field",
-    "min_tokens": "calibration.min_tokens",
+    "min_tokens": "calibration.min_tokens", "smooth": "quant.smooth", "smooth_alpha": "quant.smooth_alpha",
 }
 
 
@@ -55,7 +55,7 @@ def quantize(
     model: Optional[str] = typer.Argument(None, help="Hugging Face folder or hub id; omit for the embedded SmolLM2-135M."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Checkpoint folder to write."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML; flags given here override it."),
-    scheme: Optional[str] = typer.Option(None, help="w4a16, w8a16, fp8 or fp8-dynamic."),
+    scheme: Optional[str] = typer.Option(None, help="w4a16, w8a16, fp8, fp8-dynamic, w8a8 (INT8 weights and per-token activations) or w8a8-static."),
     method: Optional[str] = typer.Option(None, help="rtn, gptq, awq or awq+gptq."),
     group_size: Optional[int] = typer.Option(None, "--group-size", help="32, 64, 128 or -1 (per channel)."),
     sym: Optional[bool] = typer.Option(None, "--sym/--asym", help="Symmetric grid (default) or with zero points."),
@@ -71,6 +71,8 @@ def quantize(
     awq_search_tokens: Optional[int] = typer.Option(None, "--awq-search-tokens", help="Calibration tokens AWQ's alpha search runs per layer (2048)."),
     awq_fallback: Optional[str] = typer.Option(None, "--awq-fallback", help="error or rtn, for unmapped architectures."),
     kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: calibrate an FP8 KV cache."),
+    smooth: Optional[bool] = typer.Option(None, "--smooth/--no-smooth", help="SmoothQuant before a w8a8 scheme (needs --calib)."),
+    smooth_alpha: Optional[float] = typer.Option(None, "--smooth-alpha", help="SmoothQuant migration strength in [0, 1]; default searched per layer."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: dataset name, file, folder or 'self'."),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Calibration samples (128)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per calibration sample (512)."),
@@ -97,7 +99,7 @@ def quantize(
         block_size=block_size, actorder=actorder, static_groups=static_groups, awq_grid=awq_grid,
         awq_duo=awq_duo, awq_clip=awq_clip, awq_search_tokens=awq_search_tokens, awq_fallback=awq_fallback,
         calib=calib, num_samples=num_samples, seq_len=seq_len, seed=seed, calib_cut=calib_cut,
-        text_field=text_field, min_tokens=min_tokens,
+        text_field=text_field, min_tokens=min_tokens, smooth=smooth, smooth_alpha=smooth_alpha,
         overwrite=overwrite or None,  # a plain switch: absent means "as the recipe says"
         ignore=list(ignore) if ignore else None,
     )

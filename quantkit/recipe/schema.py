@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 from .gates import GATES
 
 Method = Literal["rtn", "gptq", "awq", "awq+gptq"]
-SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic"]
+SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static"]
 
 
 def known_gates() -> dict[str, str]:
@@ -107,6 +107,10 @@ class QuantOptions(_WithGroupSize):
     gptq: GPTQOptions = Field(default_factory=GPTQOptions, description="GPTQ knobs (method gptq or awq+gptq).")
     awq: AWQOptions = Field(default_factory=AWQOptions, description="AWQ knobs (method awq or awq+gptq).")
     kv_cache: Literal["fp8"] | None = Field(None, description="Calibrate and store an FP8 KV cache scale.")
+    smooth: bool = Field(False, description="SmoothQuant before a w8a8 scheme: per-channel scales moving "
+                                            "activation outliers into the weights, folded into the previous op.")
+    smooth_alpha: float | None = Field(None, ge=0, le=1, description="SmoothQuant migration strength; empty = "
+                                       "searched per layer on an 11-point grid in [0, 1] by the output error.")
 
 
 
