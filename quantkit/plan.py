@@ -25,6 +25,10 @@ FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": 
 
 def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
     """The solver class for one Linear; the one place a method name and a scheme meet."""
+    if scheme.is_int_activations:
+        from .solvers.w8a8 import solver_class
+
+        return solver_class(method, scheme.activations == "static")
     if scheme.is_fp8:
         from .solvers.fp8 import FP8DynamicSolver, FP8Solver
 
@@ -52,6 +56,7 @@ class Plan:
     needs_data: bool
     kv_scheme: dict | None = None
     awq: dict | None = None  # AWQ's options when the method scales first
+    smooth: dict | None = None  # SmoothQuant's options when it runs before a w8a8 scheme
     storage_dtype: torch.dtype = torch.float32
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
@@ -93,6 +98,9 @@ def _scheme(recipe: Recipe, name: str, group_size, symmetric) -> Scheme:
 
 def _check_fits(name: str, mod: nn.Linear, scheme: Scheme) -> None:
     gs = scheme.group_size
+    if scheme.is_int_activations and (gs != -1 or not scheme.symmetric):
+        # the engines' INT8 x INT8 kernels take one symmetric weight scale per output channel
+        raise UserError(f"{scheme.name} has symmetric per-channel weights; drop --group-size and --asym for {name}")
     if not scheme.is_fp8 and gs != -1 and mod.in_features % gs:
         fits = [str(g) for g in (32, 64, 128, 256) if mod.in_features % g == 0] + ["-1"]
         raise UserError(f"{name} has in_features={mod.in_features}, not divisible by group size {gs}; "
@@ -121,6 +129,15 @@ def solver_options(recipe: Recipe, storage: torch.dtype) -> dict:
             "scale_dtype": scale_dtype_for(storage)}
 
 
+def _smooth(q, schemes: dict[str, Scheme]) -> dict | None:
+    if not q.smooth:
+        return None
+    if not any(s.is_int_activations for s in schemes.values()):
+        raise UserError("--smooth moves activation outliers into INT8 weights; use it with --scheme w8a8 "
+                        "or w8a8-static")
+    return {"alpha": q.smooth_alpha}
+
+
 def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | None = None) -> Plan:
     """storage_dtype: the dtype the checkpoint is written in (default: the model's)."""
     storage = storage_dtype or next(model.parameters()).dtype
@@ -128,8 +145,9 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
     group_size = default_group_size(model, recipe)
     schemes = schemes_for(model, recipe, group_size)
     awq = q.awq.model_dump() if q.method in ("awq", "awq+gptq") else None
-    needs = awq is not None or q.kv_cache is not None or any(
+    smooth = _smooth(q, schemes)
+    needs = awq is not None or smooth is not None or q.kv_cache is not None or any(
         solver_for(q.method, s).needs_data for s in schemes.values())
     return Plan(schemes=schemes, method=q.method, group_size=group_size, options=solver_options(recipe, storage),
-                needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq,
+                needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq, smooth=smooth,
                 storage_dtype=storage)

@@ -2,7 +2,8 @@
 
 Per quantised Linear `p`: INT4/INT8 -> p.weight_packed (int32), p.weight_scale, p.weight_shape, optionally
 p.weight_zero_point (packed along dim 0) and p.weight_g_idx; FP8 -> p.weight (float8_e4m3fn), p.weight_scale,
-optionally p.input_scale. config.json gains `quantization_config`; quantkit.json records how it was made.
+optionally p.input_scale; W8A8 INT8 (`int-quantized`) -> p.weight (int8), p.weight_scale [out, 1], optionally
+p.input_scale. config.json gains `quantization_config`; quantkit.json records how it was made.
 """
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ SHARD_BYTES = 4 * 1024**3
 
 def tensors_for(prefix: str, qw: QWeight, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     s = qw.scheme
-    if s.is_fp8:
-        out = {f"{prefix}.weight": qw.q.to(torch.float8_e4m3fn).contiguous(),
+    if s.is_fp8 or s.is_int_activations:  # `float-quantized` / `int-quantized`: the codes as they are
+        codes = qw.q.to(torch.float8_e4m3fn if s.is_fp8 else torch.int8)
+        out = {f"{prefix}.weight": codes.contiguous(),
                f"{prefix}.weight_scale": qw.scale.to(dtype).contiguous()}
         if qw.input_scale is not None:
             out[f"{prefix}.input_scale"] = qw.input_scale.to(dtype).reshape(-1).contiguous()
@@ -50,12 +52,14 @@ def _input_args(s: Scheme) -> dict | None:
     if s.activations is None:
         return None
     dynamic = s.activations == "dynamic"
-    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": "token" if dynamic else "tensor",
+    return {"num_bits": 8, "type": s.type, "symmetric": True, "strategy": "token" if dynamic else "tensor",
             "group_size": None, "block_structure": None, "dynamic": dynamic, "actorder": None,
             "observer": None if dynamic else "minmax", "observer_kwargs": {}}
 
 
 def _format(s: Scheme) -> str:
+    if s.is_int_activations:
+        return "int-quantized"
     return "float-quantized" if s.is_fp8 else "pack-quantized"
 
 

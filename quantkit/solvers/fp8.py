@@ -46,11 +46,12 @@ class FP8Solver(LinearSolver):
     """
 
     needs_data = True
+    input_scale_class = InputScale  # the grid the static input scale is searched on (w8a8.py: INT8)
 
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)
         self.needs_data = scheme.activations == "static"
-        self.inputs = InputScale(name, weight) if self.needs_data else None
+        self.inputs = self.input_scale_class(name, weight) if self.needs_data else None
 
     def add_batch(self, x: torch.Tensor) -> None:
         if self.needs_data:
@@ -58,10 +59,13 @@ class FP8Solver(LinearSolver):
 
     def solve(self) -> QWeight:
         scale_dtype = self.options.get("scale_dtype", torch.float16)
-        qw = fp8_quantize(self.weight, self.scheme, scale_dtype)
+        qw = self.quantize_weight(scale_dtype)
         if self.scheme.activations == "static":
             self.inputs.attach(qw, scale_dtype)
         return qw
+
+    def quantize_weight(self, scale_dtype: torch.dtype) -> QWeight:
+        return fp8_quantize(self.weight, self.scheme, scale_dtype)
 
 
 class FP8DynamicSolver(FP8Solver):

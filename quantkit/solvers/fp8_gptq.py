@@ -17,9 +17,11 @@ from .gptq import GPTQSolver
 
 
 class FP8GPTQSolver(GPTQSolver):
+    input_scale_class = InputScale  # the grid the static input scale is searched on (w8a8.py: INT8)
+
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)
-        self.inputs = InputScale(name, weight) if scheme.activations == "static" else None
+        self.inputs = self.input_scale_class(name, weight) if scheme.activations == "static" else None
 
     def add_batch(self, x: torch.Tensor) -> None:
         super().add_batch(x)
