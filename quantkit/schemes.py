@@ -12,17 +12,22 @@ from .errors import UserError
 class Scheme:
     name: str
     num_bits: int
-    type: str  # "int" or "float"
+    type: str  # "int" or "float" (8 bits: E4M3; 4 bits: E2M1, quantkit/fp4.py)
     symmetric: bool = True
     group_size: int = 128  # -1: one group per output channel
     actorder: str | None = None  # None, "weight" or "group"
     # activations: None (weight-only), "dynamic" (per token at run time) or "static" (calibrated per tensor)
     activations: str | None = None
-    weight_strategy_override: str | None = None  # "tensor" for fp8 static
+    weight_strategy_override: str | None = None  # "tensor" for fp8 static, "tensor_group" for nvfp4
 
     @property
     def is_fp8(self) -> bool:
-        return self.type == "float"
+        return self.type == "float" and self.num_bits == 8
+
+    @property
+    def is_fp4(self) -> bool:
+        """E2M1 values with a scale per group of the format's fixed size (16: nvfp4, 32: mxfp4)."""
+        return self.type == "float" and self.num_bits == 4
 
     @property
     def is_int_activations(self) -> bool:
@@ -56,6 +61,9 @@ PRESETS: dict[str, Scheme] = {
     "w8a16": Scheme("w8a16", 8, "int", True, -1),
     "fp8": Scheme("fp8", 8, "float", True, -1, activations="static", weight_strategy_override="tensor"),
     "fp8-dynamic": Scheme("fp8-dynamic", 8, "float", True, -1, activations="dynamic"),
+    # weight-only FP4; the group sizes are the formats' own and cannot be changed
+    "nvfp4": Scheme("nvfp4", 4, "float", True, 16, weight_strategy_override="tensor_group"),
+    "mxfp4": Scheme("mxfp4", 4, "float", True, 32),
     # INT8 weights per channel and INT8 activations (compressed-tensors `int-quantized`, the W8A8 preset)
     "w8a8": Scheme("w8a8", 8, "int", True, -1, activations="dynamic"),
     "w8a8-static": Scheme("w8a8-static", 8, "int", True, -1, activations="static"),

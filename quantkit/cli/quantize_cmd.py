@@ -47,6 +47,7 @@ FLAG_FIELDS = {
     "calib": "calibration.spec", "num_samples": "calibration.num_samples", "seq_len": "calibration.seq_len",
     "seed": "calibration.seed", "calib_cut": "calibration.cut", "text_field": "calibration.text_field",
     "min_tokens": "calibration.min_tokens", "smooth": "quant.smooth", "smooth_alpha": "quant.smooth_alpha",
+    "moe_calibrate_all": "quant.moe.calibrate_all_experts", "moe_min_tokens": "quant.moe.min_tokens",
 }
 
 
@@ -55,7 +56,7 @@ def quantize(
     model: Optional[str] = typer.Argument(None, help="Hugging Face folder or hub id; omit for the embedded SmolLM2-135M."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Checkpoint folder to write."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML; flags given here override it."),
-    scheme: Optional[str] = typer.Option(None, help="w4a16, w8a16, fp8, fp8-dynamic, w8a8 (INT8 weights and per-token activations) or w8a8-static."),
+    scheme: Optional[str] = typer.Option(None, help="w4a16, w8a16, fp8, fp8-dynamic, w8a8 (INT8 weights and per-token activations), w8a8-static, nvfp4 or mxfp4 (4-bit float weights)."),
     method: Optional[str] = typer.Option(None, help="rtn, gptq, awq or awq+gptq."),
     group_size: Optional[int] = typer.Option(None, "--group-size", help="32, 64, 128 or -1 (per channel)."),
     sym: Optional[bool] = typer.Option(None, "--sym/--asym", help="Symmetric grid (default) or with zero points."),
@@ -73,6 +74,8 @@ def quantize(
     kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: calibrate an FP8 KV cache."),
     smooth: Optional[bool] = typer.Option(None, "--smooth/--no-smooth", help="SmoothQuant before a w8a8 scheme (needs --calib)."),
     smooth_alpha: Optional[float] = typer.Option(None, "--smooth-alpha", help="SmoothQuant migration strength in [0, 1]; default searched per layer."),
+    moe_calibrate_all: Optional[bool] = typer.Option(None, "--moe-calibrate-all/--moe-routed-only", help="MoE: calibrate every expert on every token (routed output kept) or only on its routed tokens (default)."),
+    moe_min_tokens: Optional[int] = typer.Option(None, "--moe-min-tokens", help="MoE: experts fed fewer calibration tokens are rounded (RTN), reported (16)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: dataset name, file, folder or 'self'."),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Calibration samples (128)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per calibration sample (512)."),
@@ -100,6 +103,7 @@ def quantize(
         awq_duo=awq_duo, awq_clip=awq_clip, awq_search_tokens=awq_search_tokens, awq_fallback=awq_fallback,
         calib=calib, num_samples=num_samples, seq_len=seq_len, seed=seed, calib_cut=calib_cut,
         text_field=text_field, min_tokens=min_tokens, smooth=smooth, smooth_alpha=smooth_alpha,
+        moe_calibrate_all=moe_calibrate_all, moe_min_tokens=moe_min_tokens,
         overwrite=overwrite or None,  # a plain switch: absent means "as the recipe says"
         ignore=list(ignore) if ignore else None,
     )

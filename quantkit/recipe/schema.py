@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 from .gates import GATES
 
 Method = Literal["rtn", "gptq", "awq", "awq+gptq"]
-SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static"]
+SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4"]
 
 
 def known_gates() -> dict[str, str]:
@@ -90,6 +90,16 @@ class TargetOverride(_WithGroupSize):
 
 
 
+class MoEOptions(_Strict):
+    """Mixture-of-experts models: how experts get calibration tokens (every expert is quantised regardless)."""
+
+    calibrate_all_experts: bool = Field(
+        False, description="Run every calibration token through every expert (the routed output is kept), so "
+                           "no expert is solved from few tokens; costs experts/top-k times the expert compute.")
+    min_tokens: int = Field(16, ge=0, description="An expert fed fewer calibration tokens than this is rounded "
+                                                  "(RTN) instead of solved; reported in quantkit.json.")
+
+
 class QuantOptions(_WithGroupSize):
     """What to quantise and how: the default scheme, the solver and its knobs, what stays in float."""
 
@@ -107,6 +117,7 @@ class QuantOptions(_WithGroupSize):
     gptq: GPTQOptions = Field(default_factory=GPTQOptions, description="GPTQ knobs (method gptq or awq+gptq).")
     awq: AWQOptions = Field(default_factory=AWQOptions, description="AWQ knobs (method awq or awq+gptq).")
     kv_cache: Literal["fp8"] | None = Field(None, description="Calibrate and store an FP8 KV cache scale.")
+    moe: MoEOptions = Field(default_factory=MoEOptions, description="Mixture-of-experts calibration knobs.")
     smooth: bool = Field(False, description="SmoothQuant before a w8a8 scheme: per-channel scales moving "
                                             "activation outliers into the weights, folded into the previous op.")
     smooth_alpha: float | None = Field(None, ge=0, le=1, description="SmoothQuant migration strength; empty = "
