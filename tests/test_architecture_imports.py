@@ -15,8 +15,8 @@ PKG = Path(__file__).resolve().parents[1] / "quantkit"
 # Lowest first. A module may import its own layer or lower ones. The longest matching prefix wins, so a
 # module can sit below the rest of its package (pipeline.capture is what AWQ's block search runs).
 LAYERS = [
-    ["quantkit.version", "quantkit.errors", "quantkit.e4m3", "quantkit.fp4", "quantkit.schemes", "quantkit.qweight", "quantkit.targets",
-     "quantkit.shipped"],
+    ["quantkit.version", "quantkit.errors", "quantkit.e4m3", "quantkit.fp4", "quantkit.schemes", "quantkit.qweight",
+     "quantkit.targets", "quantkit.shipped"],
     ["quantkit.formats"],
     ["quantkit.kernels"],
     ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.recipe", "quantkit.pipeline.capture"],
