@@ -42,14 +42,25 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return e4m3.dequantize(q, scale.reshape(-1, 1) if scale.numel() > 1 else scale)
 
 
+def dequantize_fp4(values: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None) -> torch.Tensor:
+    """float32 [out, in] from E2M1 values [out, in], one scale per group of in / groups columns ([out, groups]:
+    E4M3 values for nvfp4, powers of two for mxfp4) and nvfp4's per-tensor divisor (None for mxfp4)."""
+    out, n = values.shape
+    s = scale.float()
+    if global_scale is not None:
+        s = s / global_scale.float()
+    return (values.float().reshape(out, s.shape[1], -1) * s.unsqueeze(-1)).reshape(out, n)
+
+
 @dataclass
 class QWeight:
     scheme: Scheme
-    q: torch.Tensor  # int8 codes [out, in] in [qmin, qmax] (int), or float8_e4m3fn [out, in] (fp8)
+    q: torch.Tensor  # int8 codes [out, in] in [qmin, qmax] (int), float8_e4m3fn [out, in] (fp8), E2M1 values (fp4)
     scale: torch.Tensor  # float32 [out, groups] (int), [out, 1] or [1] (fp8)
     zero: torch.Tensor | None = None  # int8 [out, groups], asymmetric int only
     g_idx: torch.Tensor | None = None  # int32 [in]: group of each input column (act-order)
     input_scale: torch.Tensor | None = None  # fp8 static activations: float32 [1]
+    global_scale: torch.Tensor | None = None  # nvfp4: float32 [1], the divisor of every group scale
     stats: dict = field(default_factory=dict)  # per-layer facts for quantkit.json (error, alpha, damp, ...)
 
     @property
@@ -63,4 +74,6 @@ class QWeight:
         """float32 [out, in]."""
         if self.scheme.is_fp8:
             return dequantize_fp8(self.q, self.scale)
+        if self.scheme.is_fp4:
+            return dequantize_fp4(self.q, self.scale, self.global_scale)
         return dequantize_int(self.q, self.scale, self.zero, self.group_of_columns().to(self.q.device))
