@@ -39,11 +39,14 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
     """(model, tokenizer, source, LazyWeights or None, plan): layer-by-layer loading unless only a full load works."""
     from .models.hf import load_float_model
     from .models.lazy import open_lazy
+    from .models.moe import unfusable, unfuse_experts
 
     # A CPU has no fast float16/bfloat16 matmul (calibration passes ran 13x slower in float16 than in float32 on
     # SmolLM2), so the model computes in float32 there; the checkpoint is still written in the storage dtype.
     compute = "float32" if recipe.device == "cpu" else recipe.dtype
     opened = open_lazy(str(folder), compute) if lazy else None
+    if opened is not None and any(unfusable(m) for m in opened[0].modules()):
+        opened = None  # fused experts are split into Linears on a loaded model (models/moe.py)
     if opened is not None:
         model, tok, src, weights = opened
         plan = build_plan(model, recipe, storage)
@@ -52,6 +55,7 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
             return model, tok, src, weights, plan
         del model, weights, opened  # self-generated calibration samples text from the whole model
     model, tok, src = load_float_model(str(folder), compute, recipe.device)
+    unfuse_experts(model)
     return model, tok, src, None, build_plan(model, recipe, storage)
 
 
@@ -101,6 +105,9 @@ def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_
 
     from .version import __version__
 
+    from .models.moe import experts_modules
+    from .pipeline.moe_report import moe_summary
+
     resolved = recipe.model_copy(deep=True)
     resolved.quant.group_size = plan.group_size
     return {
@@ -115,4 +122,6 @@ def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_
         "layers": {n: {**result.stats.get(n, {}), "scheme": s.to_dict()} for n, s in plan.schemes.items()},
         "quantize_seconds": round(result.seconds, 2),
         "dtypes": {"compute": str(next(model.parameters()).dtype), "storage": str(plan.storage_dtype)},
+        "float_weights": [{"name": u.name, "values": u.numel, "module": u.module_type} for u in plan.uncovered],
+        **({"moe": moe_summary(model, plan, result.stats)} if experts_modules(model) else {}),
     }

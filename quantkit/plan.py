@@ -6,12 +6,14 @@ gets, whether calibration data is needed, the solvers' options and the KV-cache 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from .errors import UserError
+from .formats.moe_names import ROUTER_SUFFIXES
+from .models.coverage import Uncovered, check_coverage
 from .recipe import Recipe
 from .schemes import Scheme, fitting_group_size, get_scheme, scale_dtype_for
 from .solvers.base import LinearSolver
@@ -29,6 +31,10 @@ def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
         from .solvers.w8a8 import solver_class
 
         return solver_class(method, scheme.activations == "static")
+    if scheme.is_fp4:
+        from .solvers.fp4 import solver_class as fp4_solver
+
+        return fp4_solver(method)
     if scheme.is_fp8:
         from .solvers.fp8 import FP8DynamicSolver, FP8Solver
 
@@ -58,6 +64,8 @@ class Plan:
     awq: dict | None = None  # AWQ's options when the method scales first
     smooth: dict | None = None  # SmoothQuant's options when it runs before a w8a8 scheme
     storage_dtype: torch.dtype = torch.float32
+    uncovered: list[Uncovered] = field(default_factory=list)  # matrix weights left in float, not ignored
+    moe: dict = field(default_factory=dict)  # recipe.quant.moe: expert calibration knobs
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
         scheme = self.schemes[name]
@@ -66,8 +74,13 @@ class Plan:
         return solver_for(method or self.method, scheme)(name, weight, scheme, opts)
 
 
+def ignore_patterns(recipe: Recipe) -> list[str]:
+    """The user's ignore list plus the MoE routers, which stay in float (formats/moe_names.py says why)."""
+    return [*recipe.quant.ignore, *ROUTER_SUFFIXES]
+
+
 def _ignored(recipe: Recipe, name: str, mod: nn.Module) -> bool:
-    return any(matches(p, name, mod) for p in recipe.quant.ignore)
+    return any(matches(p, name, mod) for p in ignore_patterns(recipe))
 
 
 def _linears(model: nn.Module, recipe: Recipe):
@@ -79,7 +92,7 @@ def default_group_size(model: nn.Module, recipe: Recipe) -> int | None:
     divides every target (schemes.fitting_group_size); the scheme's own when none does (then an error names it)."""
     q = recipe.quant
     base = get_scheme(q.scheme)
-    if q.group_size is not None or base.is_fp8 or base.group_size == -1:
+    if q.group_size is not None or base.is_fp8 or base.is_fp4 or base.group_size == -1:
         return q.group_size
     widths = {m.in_features for _, m in _linears(model, recipe)}
     return fitting_group_size(widths, base.group_size) or base.group_size
@@ -89,6 +102,8 @@ def _scheme(recipe: Recipe, name: str, group_size, symmetric) -> Scheme:
     base = get_scheme(name)
     if base.is_fp8:
         return base
+    if base.is_fp4:  # act-order would need a g_idx, which the FP4 layouts have no place for
+        return base.with_options(group_size=group_size, symmetric=symmetric)
     g = recipe.quant.gptq
     gptq = recipe.quant.method in ("gptq", "awq+gptq")
     actorder = g.actorder if gptq and g.actorder != "off" else None
@@ -101,10 +116,22 @@ def _check_fits(name: str, mod: nn.Linear, scheme: Scheme) -> None:
     if scheme.is_int_activations and (gs != -1 or not scheme.symmetric):
         # the engines' INT8 x INT8 kernels take one symmetric weight scale per output channel
         raise UserError(f"{scheme.name} has symmetric per-channel weights; drop --group-size and --asym for {name}")
-    if not scheme.is_fp8 and gs != -1 and mod.in_features % gs:
+    if scheme.is_fp4:
+        _check_fits_fp4(name, mod, scheme)
+    elif not scheme.is_fp8 and gs != -1 and mod.in_features % gs:
         fits = [str(g) for g in (32, 64, 128, 256) if mod.in_features % g == 0] + ["-1"]
         raise UserError(f"{name} has in_features={mod.in_features}, not divisible by group size {gs}; "
                         f"use --group-size {' or '.join(fits)}")
+
+
+def _check_fits_fp4(name: str, mod: nn.Linear, scheme: Scheme) -> None:
+    gs = get_scheme(scheme.name).group_size
+    if scheme.group_size != gs or not scheme.symmetric:
+        raise UserError(f"{scheme.name} has symmetric groups of {gs} (the format's own); drop --group-size and "
+                        f"--asym for {name}")
+    if mod.in_features % gs:
+        raise UserError(f"{name} has in_features={mod.in_features}, not divisible by {scheme.name}'s group of {gs}; "
+                        f"leave it in float with --ignore {name}")
 
 
 def schemes_for(model: nn.Module, recipe: Recipe, group_size: int | None) -> dict[str, Scheme]:
@@ -144,10 +171,12 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
     q = recipe.quant
     group_size = default_group_size(model, recipe)
     schemes = schemes_for(model, recipe, group_size)
+    uncovered = check_coverage(model, set(schemes), ignore_patterns(recipe))
     awq = q.awq.model_dump() if q.method in ("awq", "awq+gptq") else None
     smooth = _smooth(q, schemes)
     needs = awq is not None or smooth is not None or q.kv_cache is not None or any(
         solver_for(q.method, s).needs_data for s in schemes.values())
     return Plan(schemes=schemes, method=q.method, group_size=group_size, options=solver_options(recipe, storage),
                 needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq, smooth=smooth,
-                storage_dtype=storage)
+                storage_dtype=storage, uncovered=uncovered,
+                moe=q.moe.model_dump())

@@ -13,6 +13,7 @@ import torch
 from ..qweight import QWeight
 from ..schemes import Scheme
 from .compressed_tensors import quantization_config, save_tensors, tensors_for
+from .moe_names import is_router, to_checkpoint
 from .output import OutputClaim
 
 
@@ -47,10 +48,15 @@ def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWei
         with OutputClaim(out, None, overwrite) as own:
             return write_checkpoint(out, model, qweights, plan, tokenizer, meta, extra, kv_cache_scheme,
                                     overwrite, dtype, own)
-    linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    mt = getattr(model.config, "model_type", None)
+    # routers (not always nn.Linear) are listed as ignored so engines that match 'Linear' leave them in float
+    linears = [to_checkpoint(mt, n) for n, m in model.named_modules()
+               if isinstance(m, torch.nn.Linear) or (is_router(n) and hasattr(m, "weight"))]
     tmp = claim.temporary()
     try:
-        save_tensors(tmp, checkpoint_tensors(model, qweights, extra or {}, dtype))
+        tensors = checkpoint_tensors(model, qweights, extra or {}, dtype)
+        save_tensors(tmp, {to_checkpoint(mt, k): v for k, v in tensors.items()})
+        plan = {to_checkpoint(mt, n): s for n, s in plan.items()}
         config = model.config.to_dict()
         if dtype is not None:
             config["dtype"] = str(dtype).replace("torch.", "")

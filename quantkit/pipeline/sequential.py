@@ -17,7 +17,7 @@ from ..models.hf import decoder_layers
 from ..plan import Plan
 from ..qweight import QWeight
 from ..solvers.base import LayerTransform, LinearSolver, share_inputs
-from . import capture
+from . import capture, stages
 from .progress import LayerProgress
 from .stream import LayerStream
 
@@ -32,6 +32,10 @@ class QuantizeResult:
 
 def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
     out: list[LayerTransform] = []
+    if plan.smooth is not None:
+        from ..solvers.smoothquant import SmoothQuantTransform
+
+        out.append(SmoothQuantTransform(model, {**plan.smooth, "scale_dtype": plan.options["scale_dtype"]}))
     if plan.awq is not None:
         from ..solvers.awq import AWQTransform
 
@@ -141,11 +145,36 @@ def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, 
 
 
 def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
-    for group in capture.linear_groups(layer, names, inputs):
-        solvers = {m: solve.make(names[m]) for m in group}
+    experts = stages.expert_linears(layer)
+    for stage in stages.stages(capture.linear_groups(layer, names, inputs), names):
+        solvers = {m: solve.make(names[m]) for m in stage}
+        fed = dict.fromkeys(stage, 0)
         if any(s.needs_data for s in solvers.values()):
-            capture.feed_group(layer, group, inputs,
-                               lambda mod, x: solvers[mod].add_batch(x.reshape(-1, x.shape[-1])), prog.sample)
+            def sink(mod, x):
+                x = x.reshape(-1, x.shape[-1])
+                fed[mod] += x.shape[0]
+                solvers[mod].add_batch(x)
+
+            with stages.ExpertFeed(stage, experts, solve.plan.moe.get("calibrate_all_experts", False)):
+                capture.feed_group(layer, stage, inputs, sink, prog.sample)
             share_inputs(list(solvers.values()))
         for m, s in solvers.items():
+            if m in experts:
+                s = _expert_solver(m, s, fed[m], experts[m], names[m], solve)
             solve(names[m], s)
+
+
+def _expert_solver(mod, solver: LinearSolver, tokens: int, owner, name: str, solve: _Solve) -> LinearSolver:
+    """The solver for one expert's Linear: its own, or rounding when routing fed it too few tokens to solve
+    from (the rule and its threshold: recipe quant.moe.min_tokens); the counts go into quantkit.json."""
+    experts, e = owner
+    stats = solve.result.stats.setdefault(name, {})
+    stats.update({"routed_tokens": int(experts.routed[e]), "calibration_tokens": tokens})
+    if not solver.needs_data or tokens >= solve.plan.moe.get("min_tokens", 0):
+        return solver
+    fallback = solve.make(name, "rtn")
+    if fallback.needs_data:
+        raise UserError(f"{name} saw {tokens} calibration tokens and its scheme needs calibrated input scales; "
+                        "pass --moe-calibrate-all (every expert sees every token) or more --num-samples")
+    stats["fallback"] = f"rtn (fewer than {solve.plan.moe['min_tokens']} calibration tokens)"
+    return fallback

@@ -15,8 +15,10 @@ from torch import nn
 
 from ..errors import UserError
 from ..formats.compressed_tensors import load_tensors, module_targets
+from ..formats.moe_names import from_checkpoint, to_checkpoint
 from ..formats.safetensors_header import read_header
 from ..linear import dispatch
+from ..models.moe import unfuse_experts
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -125,9 +127,13 @@ def _load_quantised(path: Path, qc: dict, device: str, dtype: torch.dtype | None
     tensors = {k: t.to(dtype) if t.is_floating_point() and t.element_size() > 1 else t for k, t in tensors.items()}
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    for name, group in module_targets(qc, linears).items():
-        model.set_submodule(name, dispatch.stored(linears[name], group, has_g_idx=f"{name}.weight_g_idx" in tensors,
+    unfuse_experts(model)  # per-expert Linears, as the checkpoint stores them
+    mt = getattr(config, "model_type", None)
+    tensors = {from_checkpoint(mt, k): t for k, t in tensors.items()}
+    linears = {to_checkpoint(mt, n): (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    targeted = module_targets(qc, {k: m for k, (_, m) in linears.items()})
+    for name, group in {linears[k][0]: g for k, g in targeted.items()}.items():
+        model.set_submodule(name, dispatch.stored(model.get_submodule(name), group, has_g_idx=f"{name}.weight_g_idx" in tensors,
                                                   has_input_scale=f"{name}.input_scale" in tensors, dtype=dtype))
     attach_kv_scales(model, kv_scales)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
