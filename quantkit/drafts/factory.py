@@ -6,6 +6,9 @@ from typing import Callable
 from ..errors import UserError
 from ..runtime.build import load_model, load_tokenizer
 from ..runtime.speculative import ModelDrafter, PromptLookupDrafter, check_vocab
+from .eagle_draft import EagleDrafter
+from .eagle_head import is_head_dir, load_head
+from .early_exit import PREFIX as EARLY_EXIT, early_exit_draft, parse_layers
 from .self_w4 import self_w4_draft
 
 
@@ -21,6 +24,11 @@ def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_looku
         return None
     if draft == "self-w4":
         draft_model = self_w4_draft(target, packed=True)
+    elif draft.startswith(EARLY_EXIT):
+        draft_model = early_exit_draft(target, parse_layers(draft, target.config.num_hidden_layers))
+    elif is_head_dir(draft):
+        head = load_head(draft, target)
+        return lambda: EagleDrafter(target, head)
     else:
         draft_model = load_model(draft, dtype)
         check_vocab(target, draft_model, tokenizer, load_tokenizer(draft))

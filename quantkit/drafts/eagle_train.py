@@ -1,0 +1,162 @@
+"""Training an EAGLE head for a target: teacher-forced from the target's own features, one target forward per batch.
+
+Each token sequence goes through the target once (no grad) for its final-norm features F and the distribution
+its head gives at every position. The head then learns, at every position j at once, to turn
+(embedding(x_j), F_{j-1}) into F_j: a smooth-L1 loss on the feature (EAGLE's regression) plus the cross-entropy
+of the target's distribution under the frozen output head applied to the predicted feature (what acceptance
+depends on). Nothing is sampled, so a step costs one pass of a one-layer head and the output head's products.
+The held-out split reports the same loss and top-1 agreement (the head's argmax equals the target's: the
+greedy acceptance rate of a one-token draft); training stops when the held-out loss stops improving, keeps the
+best head, and writes a resumable state at every evaluation.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from .eagle_head import EagleHead, new_head, save_head
+
+STATE = "train_state.pt"
+
+
+@dataclass
+class TrainOptions:
+    steps: int = 300
+    batch_size: int = 8
+    lr: float = 1e-3
+    seed: int = 0
+    heldout: float = 0.1  # share of the sequences kept for evaluation
+    eval_every: int = 25
+    patience: int = 3  # evaluations without improvement before stopping
+    cls_weight: float = 1.0
+    reg_weight: float = 1.0
+    cls_rows: int = 512  # positions per batch whose output-head loss is computed (the head's products dominate)
+    resume: bool = True
+
+
+def _head_matrix(target) -> torch.Tensor:
+    """The target's output head as a float32 matrix: training differentiates through it, which a packed or
+    half-precision runtime module need not support."""
+    head = target.get_output_embeddings()
+    w = head.dequantized_weight() if hasattr(head, "dequantized_weight") else head.weight
+    return w.detach().float()
+
+
+@torch.no_grad()
+def target_features(target, samples: list[torch.Tensor], batch_size: int) -> torch.Tensor:
+    """[N, T, D] final-norm features of equal-length sequences, batch_size sequences per target forward."""
+    out = []
+    for i in range(0, len(samples), batch_size):
+        ids = torch.stack(samples[i: i + batch_size])
+        out.append(target.model(input_ids=ids).last_hidden_state.float())
+    return torch.cat(out)
+
+
+def _loss(head: EagleHead, emb_w, w_out, ids, feats, opts: TrainOptions, gen=None):
+    """(loss, top-1 agreement) over positions 1..T-1 of a batch: ids [B, T], feats [B, T, D]."""
+    B, T = ids.shape
+    pos = torch.arange(1, T).expand(B, T - 1)
+    g = head(F.embedding(ids[:, 1:], emb_w), feats[:, :-1], pos)
+    want = feats[:, 1:]
+    reg = F.smooth_l1_loss(g, want)
+    g2, w2 = g.reshape(-1, g.shape[-1]), want.reshape(-1, want.shape[-1])
+    if gen is not None and g2.shape[0] > opts.cls_rows:
+        pick = torch.randperm(g2.shape[0], generator=gen)[: opts.cls_rows]
+        g2, w2 = g2[pick], w2[pick]
+    with torch.no_grad():
+        p = (w2 @ w_out.T).softmax(-1)
+    logq = (g2 @ w_out.T).log_softmax(-1)
+    cls = -(p * logq).sum(-1).mean()
+    agree = (logq.argmax(-1) == p.argmax(-1)).float().mean()
+    return opts.reg_weight * reg + opts.cls_weight * cls, float(agree)
+
+
+@torch.no_grad()
+def _evaluate(head, emb_w, w_out, ids, feats, opts) -> tuple[float, float]:
+    tot_l = tot_a = 0.0
+    n = 0
+    for i in range(0, ids.shape[0], opts.batch_size):
+        loss, agree = _loss(head, emb_w, w_out, ids[i: i + opts.batch_size], feats[i: i + opts.batch_size], opts)
+        b = ids[i: i + opts.batch_size].shape[0]
+        tot_l, tot_a, n = tot_l + float(loss) * b, tot_a + agree * b, n + b
+    return tot_l / n, tot_a / n
+
+
+def train_head(target, samples: list[torch.Tensor], out_dir, opts: TrainOptions, progress=None) -> dict:
+    """Train (or resume) a head for `target` on equal-length token sequences; write it to out_dir.
+
+    progress(step, total, info) is called after every step (info: the latest train loss and held-out figures)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(opts.seed)
+    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(opts.seed)).tolist()
+    n_held = max(1, round(len(samples) * opts.heldout))
+    ids = torch.stack([samples[i] for i in order])
+    t0 = time.perf_counter()
+    feats = target_features(target, list(ids), opts.batch_size)
+    feature_s = time.perf_counter() - t0
+    emb_w = target.get_input_embeddings().weight.detach().float()
+    w_out = _head_matrix(target)
+    head = new_head(target, opts.seed, {"train_seq_len": int(ids.shape[1])}).train()
+    optim = torch.optim.AdamW(head.parameters(), lr=opts.lr, weight_decay=0.0)
+    st = {"step": 0, "best": math.inf, "bad": 0, "history": [], "best_state": None, "gen": None}
+    if opts.resume and (out / STATE).is_file():
+        saved = torch.load(out / STATE, weights_only=False)
+        head.load_state_dict(saved["head"])
+        optim.load_state_dict(saved["optim"])
+        st = saved["state"]
+    gen = torch.Generator().manual_seed(opts.seed)
+    if st["gen"] is not None:
+        gen.set_state(st["gen"])
+    train_ids, train_f = ids[n_held:], feats[n_held:]
+    held_ids, held_f = ids[:n_held], feats[:n_held]
+    start_step = st["step"]
+    if not st["history"]:  # the untrained head's held-out figures: what training is measured against
+        _checkpoint(head, optim, st, gen, (held_ids, held_f, emb_w, w_out), opts, out)
+    t1 = time.perf_counter()
+    while st["step"] < opts.steps and st["bad"] < opts.patience:
+        rows = torch.randint(0, train_ids.shape[0], (opts.batch_size,), generator=gen)
+        for group in optim.param_groups:  # a short warm-up: the first steps' Adam estimates are noisy
+            group["lr"] = opts.lr * min(1.0, (st["step"] + 1) / 20)
+        loss, agree = _loss(head, emb_w, w_out, train_ids[rows], train_f[rows], opts, gen)
+        optim.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        optim.step()
+        st["step"] += 1
+        info = {"loss": float(loss.detach()), "agree": agree}
+        if st["step"] % opts.eval_every == 0 or st["step"] == opts.steps:
+            _checkpoint(head, optim, st, gen, (held_ids, held_f, emb_w, w_out), opts, out)
+            info.update(st["history"][-1])
+        if progress is not None:
+            progress(st["step"], opts.steps, info)
+    head.load_state_dict(st["best_state"])
+    head.cfg["quantkit_draft"].update(steps=st["step"], heldout_loss=st["best"],
+                                      heldout_top1=max(h["heldout_top1"] for h in st["history"]))
+    save_head(head.eval(), out)
+    return {"steps": st["step"], "resumed_from": start_step, "history": st["history"], "best_loss": st["best"],
+            "feature_s": feature_s, "train_s": time.perf_counter() - t1, "train_tokens": int(train_ids.numel()),
+            "heldout_tokens": int(held_ids.numel()), "stopped_early": st["bad"] >= opts.patience}
+
+
+def _checkpoint(head, optim, st, gen, held, opts, out: Path) -> None:
+    """Evaluate on the held-out split, keep the best head, and write everything a resumed run needs."""
+    head.eval()
+    held_ids, held_f, emb_w, w_out = held
+    loss, agree = _evaluate(head, emb_w, w_out, held_ids, held_f, opts)
+    head.train()
+    st["history"].append({"step": st["step"], "heldout_loss": loss, "heldout_top1": agree})
+    if loss < st["best"] - 1e-4:
+        st["best"], st["bad"] = loss, 0
+        st["best_state"] = {k: v.detach().clone() for k, v in head.state_dict().items()}
+    else:
+        st["bad"] += 1
+    st["gen"] = gen.get_state()
+    tmp = out / (STATE + ".tmp")
+    torch.save({"head": head.state_dict(), "optim": optim.state_dict(), "state": st}, tmp)
+    tmp.replace(out / STATE)

@@ -1,0 +1,36 @@
+"""`quantkit draft train`: open the target as the runtime serves it, gather text, train and save a head."""
+from __future__ import annotations
+
+import time
+
+from ..data.calibration import load_calibration
+from ..errors import UserError
+from ..runtime import build
+from .eagle_train import TrainOptions, train_head
+
+
+def train_draft_head(path: str, out: str, *, data: str = "self", samples: int = 256, seq_len: int = 128,
+                     opts: TrainOptions | None = None, dtype: str | None = None, threads: int | None = None,
+                     progress=None) -> dict:
+    """Train an EAGLE head for the model at `path` (a quantkit checkpoint is loaded as the runtime serves it, so
+    the head learns the quantised model's features) on `samples` sequences of `seq_len` tokens from `data`
+    ('self': text the target samples itself; or a dataset name, file or folder the calibration loaders read)."""
+    opts = opts or TrainOptions()
+    if samples < 2 or seq_len < 8:
+        raise UserError(f"--samples must be at least 2 and --seq-len at least 8 (got {samples}, {seq_len})")
+    build.set_threads(threads)
+    tok = build.load_tokenizer(path)
+    model = build.load_model(path, build.parse_dtype(dtype))
+    model.requires_grad_(False)
+    inner = getattr(model, "model", None)
+    if not (hasattr(inner, "rotary_emb") and hasattr(inner, "norm")):
+        raise UserError(f"{type(model).__name__} is not a decoder with rotary positions (Llama, Mistral, "
+                            "Qwen): an EAGLE head reads its final-norm features; use --draft early-exit:N instead")
+    t = time.perf_counter()
+    calib = load_calibration(data, tok, num_samples=samples, seq_len=seq_len, seed=opts.seed, model=model)
+    data_s = time.perf_counter() - t
+    if len({int(s.numel()) for s in calib.samples}) != 1:
+        raise UserError(f"the text from {data!r} gave sequences of different lengths; use a chunked source")
+    result = train_head(model, calib.samples, out, opts, progress)
+    result.update(data=data, data_s=data_s, samples=len(calib.samples), seq_len=seq_len, output=str(out))
+    return result
