@@ -25,6 +25,7 @@ NVFP4_GROUP, MXFP4_GROUP = 16, 32
 E2M1_EMAX = 2
 # the smallest positive E4M3 value (a subnormal): the floor of an NVFP4 group scale, so no group divides by 0
 E4M3_MIN_SUBNORMAL = 2.0 ** -9
+GLOBAL_EXP_LIMIT = 14
 
 
 def _check_no_nan(x: torch.Tensor) -> None:
@@ -98,12 +99,14 @@ def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
     compressed-tensors takes 448 * 6 / amax itself, which maps the tensor's largest group scale onto E4M3's top;
     rounding it down to a power of two keeps that within a factor of 2 and makes the ratio of any two tensors'
     global scales a power of two, so Linears an engine fuses (q/k/v) can be given one shared global scale
-    exactly (formats/fp4_share.py). 1 for an all-zero tensor."""
+    exactly. Kept within [2^-14, 2^14], so it is exact in float16 too (quantkit's loader casts float tensors to
+    the model dtype): below 0.16 amax the group scales then use less of E4M3's range, which costs nothing while
+    they stay normal (group amax above 6e-6). 1 for an all-zero tensor."""
     a = float(amax)
     if not a > 0:
         return torch.ones(1)
     exp = torch.floor(torch.log2(torch.tensor(e4m3.E4M3_MAX * E2M1_MAX / a, dtype=torch.float64)))
-    return torch.exp2(exp.clamp(-126, 126)).float().reshape(1)
+    return torch.exp2(exp.clamp(-GLOBAL_EXP_LIMIT, GLOBAL_EXP_LIMIT)).float().reshape(1)
 
 
 def nvfp4_group_scale(amax: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,7 @@
 Per quantised Linear `p`: INT4/INT8 -> p.weight_packed (int32), p.weight_scale, p.weight_shape, optionally
 p.weight_zero_point (packed along dim 0) and p.weight_g_idx; FP8 -> p.weight (float8_e4m3fn), p.weight_scale,
 optionally p.input_scale; W8A8 INT8 (`int-quantized`) -> p.weight (int8), p.weight_scale [out, 1], optionally
-p.input_scale. config.json gains `quantization_config`; quantkit.json records how it was made.
+p.input_scale; NVFP4/MXFP4 -> formats/fp4_tensors.py. config.json gains `quantization_config`; quantkit.json records how it was made.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import torch
 from ..qweight import QWeight
 from ..schemes import Scheme
 from ..targets import matches
+from .fp4_tensors import fp4_format, fp4_tensors, fp4_weights_args
 from .pack import pack_int32
 
 SHARD_BYTES = 4 * 1024**3
@@ -24,6 +25,8 @@ SHARD_BYTES = 4 * 1024**3
 
 def tensors_for(prefix: str, qw: QWeight, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     s = qw.scheme
+    if s.is_fp4:
+        return fp4_tensors(prefix, qw)
     if s.is_fp8 or s.is_int_activations:  # `float-quantized` / `int-quantized`: the codes as they are
         codes = qw.q.to(torch.float8_e4m3fn if s.is_fp8 else torch.int8)
         out = {f"{prefix}.weight": codes.contiguous(),
@@ -42,6 +45,8 @@ def tensors_for(prefix: str, qw: QWeight, dtype: torch.dtype) -> dict[str, torch
 
 
 def _weights_args(s: Scheme) -> dict:
+    if s.is_fp4:
+        return fp4_weights_args(s)
     d = {"num_bits": s.num_bits, "type": s.type, "symmetric": s.symmetric, "strategy": s.strategy,
          "group_size": s.group_size if s.strategy == "group" else None, "block_structure": None,
          "dynamic": False, "actorder": s.actorder, "observer": "minmax", "observer_kwargs": {}}
@@ -58,6 +63,8 @@ def _input_args(s: Scheme) -> dict | None:
 
 
 def _format(s: Scheme) -> str:
+    if s.is_fp4:
+        return fp4_format(s)
     if s.is_int_activations:
         return "int-quantized"
     return "float-quantized" if s.is_fp8 else "pack-quantized"

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..kernels import dispatch as kernel_dispatch
+from .fp4 import FP4Linear
 from .fp8 import FP8Linear
 from .half_head import half_copy
 from .packed import PackedLinear
@@ -31,6 +32,8 @@ INT, FLOAT = "int", "float"  # weight types as compressed-tensors config groups 
 def stored(linear: nn.Linear, group: dict, *, has_g_idx: bool, has_input_scale: bool,
            dtype: torch.dtype) -> nn.Module:
     """The empty module a quantised Linear's checkpoint tensors are loaded into, by its config group."""
+    if group["weights"]["type"] == FLOAT and group["weights"].get("num_bits") == 4:  # NVFP4 / MXFP4
+        return FP4Linear.from_group(linear, group, dtype)
     if group["weights"]["type"] == FLOAT:
         return FP8Linear.from_group(linear, group, dtype, has_input_scale=has_input_scale)
     return QuantLinear.from_group(linear, group["weights"], has_g_idx, dtype)
@@ -42,7 +45,7 @@ def schemes(model: nn.Module) -> set[str]:
     for m in model.modules():
         if isinstance(m, QuantLinear):
             kinds.add(INT)
-        elif isinstance(m, FP8Linear):
+        elif isinstance(m, (FP8Linear, FP4Linear)):
             kinds.add(FLOAT)
     return kinds
 

@@ -8,7 +8,8 @@ lazily per block of columns (one matmul per block for the columns after it), whi
 
 Grid and rounding come from rtn.py, so GPTQ and RTN quantise onto the same grid and the RTN fallback is the
 same code; FP8 schemes round onto the E4M3 grid with the absmax scale of solvers/fp8.py, fixed before the
-first column (solvers/fp8_gptq.py; the grids are in gptq_grid.py, the Hessian's factor and its damping
+first column (solvers/fp8_gptq.py; FP4 onto E2M1 with searched group scales, solvers/fp4_grid.py; the grids are
+in gptq_grid.py, the Hessian's factor and its damping
 fallback in gptq_factor.py). Group scales are fixed when the group's first column comes up, from the
 group's weights as they are at that moment (already updated by earlier columns), except for act-order "weight"
 with static groups, whose scales come from the original weights so that column i keeps group i // group_size
@@ -28,6 +29,7 @@ from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
 from .base import LinearSolver
+from .fp4_grid import FP4Grid, fp4_quantize
 from .fp8 import fp8_quantize
 from .gptq_factor import drop_dead_channels, factor, output_error_from_updates, relative_output_error
 from .gptq_grid import FP8Grid, IntGrid
@@ -59,6 +61,8 @@ def round_to_nearest(w: torch.Tensor, scheme: Scheme, clip_search: bool, scale_d
     """GPTQ's fallback: the same grid without error compensation (absmax E4M3 for fp8, RTN otherwise)."""
     if scheme.is_fp8:
         return fp8_quantize(w, scheme, scale_dtype)
+    if scheme.is_fp4:
+        return fp4_quantize(w, scheme)
     qw = rtn_quantize(w, scheme, clip_search=clip_search, scale_dtype=scale_dtype)
     qw.scheme = replace(scheme, actorder=None)
     return qw
@@ -127,6 +131,8 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
     static = scheme.is_fp8 or (actorder == "weight" and static_groups)
     if scheme.is_fp8:
         grid = FP8Grid(scheme, scale_dtype, W)
+    elif scheme.is_fp4:  # group scales searched as each group comes up, never up front
+        grid = FP4Grid(scheme, W, n // gs)
     else:
         grid = IntGrid(scheme, scale_dtype, clip_search, n, out, n // gs, W.device)
         if static:
