@@ -6,12 +6,14 @@ gets, whether calibration data is needed, the solvers' options and the KV-cache 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from .errors import UserError
+from .formats.moe_names import ROUTER_SUFFIXES
+from .models.coverage import Uncovered, check_coverage
 from .recipe import Recipe
 from .schemes import Scheme, fitting_group_size, get_scheme, scale_dtype_for
 from .solvers.base import LinearSolver
@@ -62,6 +64,8 @@ class Plan:
     awq: dict | None = None  # AWQ's options when the method scales first
     smooth: dict | None = None  # SmoothQuant's options when it runs before a w8a8 scheme
     storage_dtype: torch.dtype = torch.float32
+    uncovered: list[Uncovered] = field(default_factory=list)  # matrix weights left in float, not ignored
+    moe: dict = field(default_factory=dict)  # recipe.quant.moe: expert calibration knobs
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
         scheme = self.schemes[name]
@@ -70,8 +74,13 @@ class Plan:
         return solver_for(method or self.method, scheme)(name, weight, scheme, opts)
 
 
+def ignore_patterns(recipe: Recipe) -> list[str]:
+    """The user's ignore list plus the MoE routers, which stay in float (formats/moe_names.py says why)."""
+    return [*recipe.quant.ignore, *ROUTER_SUFFIXES]
+
+
 def _ignored(recipe: Recipe, name: str, mod: nn.Module) -> bool:
-    return any(matches(p, name, mod) for p in recipe.quant.ignore)
+    return any(matches(p, name, mod) for p in ignore_patterns(recipe))
 
 
 def _linears(model: nn.Module, recipe: Recipe):
@@ -162,10 +171,12 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
     q = recipe.quant
     group_size = default_group_size(model, recipe)
     schemes = schemes_for(model, recipe, group_size)
+    uncovered = check_coverage(model, set(schemes), ignore_patterns(recipe))
     awq = q.awq.model_dump() if q.method in ("awq", "awq+gptq") else None
     smooth = _smooth(q, schemes)
     needs = awq is not None or smooth is not None or q.kv_cache is not None or any(
         solver_for(q.method, s).needs_data for s in schemes.values())
     return Plan(schemes=schemes, method=q.method, group_size=group_size, options=solver_options(recipe, storage),
                 needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq, smooth=smooth,
-                storage_dtype=storage)
+                storage_dtype=storage, uncovered=uncovered,
+                moe=q.moe.model_dump())
