@@ -75,6 +75,8 @@ def inspect_checkpoint(folder) -> dict:
         })
     total = sum(_nbytes(h) for h in heads.values())
     source = meta.get("source_bytes")
+    quant_values = sum(r["shape"][0] * r["shape"][1] for r in rows)
+    float_values = _float_values(heads, set(layers))
     return {
         "checkpoint": str(folder),
         "format": qc.get("format"),
@@ -86,4 +88,25 @@ def inspect_checkpoint(folder) -> dict:
         "compression": round(source / total, 3) if source else None,
         "method": meta.get("recipe", {}).get("quant", {}).get("method"),
         "calibration": meta.get("calibration"),
+        # parameters stored in 16/32-bit float (embeddings, norms, routers, ignored layers), of all parameters
+        "float_share": round(float_values / max(1, float_values + quant_values), 4),
+        "float_weights": meta.get("float_weights"),
+        "moe": _moe(meta.get("moe")),
     }
+
+
+def _float_values(heads: dict[str, dict], quantised: set[str]) -> int:
+    """Values of float tensors that are model parameters, not a quantised layer's scales or KV scales."""
+    n = 0
+    for key, h in heads.items():
+        prefix = key.rpartition(".")[0]
+        if h["dtype"] in ("F16", "BF16", "F32") and prefix not in quantised and not key.endswith(("k_scale", "v_scale")):
+            n += _nbytes(h) // _BYTES[h["dtype"]]
+    return n
+
+
+def _moe(m: dict | None) -> dict | None:
+    if not m:
+        return None
+    return {"experts": m.get("experts"), "fewest_routed_tokens": m.get("fewest_routed_tokens"),
+            "calibrate_all_experts": m.get("calibrate_all_experts"), "rtn_fallback": len(m.get("rtn_fallback", {}))}

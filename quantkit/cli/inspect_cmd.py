@@ -37,4 +37,9 @@ def inspect(
     out = Console()
     out.print(t)
     ratio = f" ({info['compression']}x smaller)" if info["compression"] else ""
-    out.print(f"checkpoint {_mb(info['total_bytes'])} vs original {_mb(info['source_bytes'])}{ratio}")
+    out.print(f"checkpoint {_mb(info['total_bytes'])} vs original {_mb(info['source_bytes'])}{ratio}; "
+              f"{info['float_share']:.1%} of the parameters in float")
+    if info["moe"]:
+        m = info["moe"]
+        out.print(f"experts: {m['experts']} quantised, fewest calibration tokens routed to one: "
+                  f"{m['fewest_routed_tokens']}, rounded for lack of tokens: {m['rtn_fallback']}")

@@ -25,5 +25,5 @@ def moe_summary(model: nn.Module, plan: Plan, stats: dict[str, dict]) -> dict:
         "min_tokens": plan.moe.get("min_tokens"),
         "routed_tokens": routed,
         "fewest_routed_tokens": min(known) if known else None,
-        "rtn_fallback": {n: s["fallback"] for n, s in stats.items() if "fallback" in s},
+        "rtn_fallback": {n: s["fallback"] for n, s in stats.items() if s.get("fallback") and ".experts." in n},
     }

@@ -24,7 +24,8 @@ def tiny_moe(arch: str = "qwen3_moe", seed: int = 0, vocab_size: int = 512, laye
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(arch, **_COMMON, **MOE_ARCHS[arch], vocab_size=vocab_size, num_hidden_layers=layers,
-                               bos_token_id=None, eos_token_id=None, pad_token_id=None)
+                               bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                               experts_implementation="eager")  # the loop over experts runs in float64 too
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     with torch.no_grad():
