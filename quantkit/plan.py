@@ -103,6 +103,9 @@ def _scheme(recipe: Recipe, name: str, group_size, symmetric) -> Scheme:
     if base.is_fp8:
         return base
     if base.is_fp4:  # act-order would need a g_idx, which the FP4 layouts have no place for
+        if recipe.quant.method.startswith("awq"):
+            raise UserError(f"--method {recipe.quant.method} does not support the FP4 schemes (AWQ searches on an "
+                            "integer grid); use --method rtn or gptq")
         return base.with_options(group_size=group_size, symmetric=symmetric)
     g = recipe.quant.gptq
     gptq = recipe.quant.method in ("gptq", "awq+gptq")
