@@ -146,3 +146,17 @@ def test_gptq_on_the_fp4_grid_lowers_the_output_error(name):
         return float(((d.double() - w.double()) @ x.double().t()).norm() / (w.double() @ x.double().t()).norm())
 
     assert out_err(qw.dequantize()) < 0.9 * out_err(rtn.dequantize())
+
+
+def test_estimate_counts_fp4_codes_and_every_scale():
+    from pathlib import Path
+
+    from quantkit.evaluate.estimate import estimate, load_config, param_counts, shape_from_config
+
+    cfg = load_config(str(Path(__file__).parent / "data" / "llama3_70b_config.json"))
+    n = param_counts(shape_from_config(cfg))
+    linears = 80 * 7  # 80 layers x q, k, v, o, gate, up, down
+    r = estimate(cfg, "h100", ["nvfp4", "mxfp4"], context=8192)["precisions"]
+    # half a byte per weight; nvfp4: an E4M3 byte per 16 and a float32 global scale per Linear, mxfp4: a byte per 32
+    assert r["nvfp4"]["weight_bytes"] == n["linear"] // 2 + n["linear"] // 16 + 4 * linears + 2 * n["other"]
+    assert r["mxfp4"]["weight_bytes"] == n["linear"] // 2 + n["linear"] // 32 + 2 * n["other"]

@@ -14,7 +14,7 @@ def _gb(n: float) -> str:
 def estimate(
     model: str = typer.Argument(..., help="config.json, a model folder, or a cached hub id."),
     gpu: str = typer.Option("h100", "--gpu", help="h100, h100-pcie, h200, a100, a100-40gb, l40s, l4, a10g, rtx4090, mi300x."),
-    precision: str = typer.Option("bf16,fp8,int4", "--precision", help="Comma list of bf16, fp16, fp8, int8, int4."),
+    precision: str = typer.Option("bf16,fp8,int4", "--precision", help="Comma list of bf16, fp16, fp8, int8, int4, nvfp4, mxfp4."),
     context: int = typer.Option(4096, "--context", help="Tokens of context per sequence."),
     batch: int = typer.Option(1, "--batch", help="Sequences decoded together."),
     kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16, fp16 or fp8."),

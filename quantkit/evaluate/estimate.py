@@ -37,7 +37,10 @@ GPUS = {g.name: g for g in [
 
 # Bits per stored weight of a quantised Linear, and whether a per-group (True) or per-channel scale comes with it.
 PRECISIONS = {"bf16": (16, None), "fp16": (16, None), "fp8": (8, "channel"), "int8": (8, "channel"),
-              "int4": (4, "group")}
+              "int4": (4, "group"), "nvfp4": (4, "nvfp4"), "mxfp4": (4, "mxfp4")}
+# FP4 formats fix their own groups and scale dtypes: (group size, bytes per group scale, bytes per Linear):
+# nvfp4 one E4M3 byte per 16 weights and a float32 global scale per Linear, mxfp4 one E8M0 byte per 32
+FP4_SCALES = {"nvfp4": (16, 1, 4), "mxfp4": (32, 1, 0)}
 KV_DTYPES = {"bf16": 2, "fp16": 2, "fp8": 1}
 SCALE_BYTES = 2  # scales are stored in the model dtype (bf16/fp16)
 USABLE_FRACTION = 0.9  # room left per GPU for activations, the CUDA context and fragmentation
@@ -143,6 +146,9 @@ def weight_bytes(s: Shape, precision: str, group_size: int = 128) -> int:
         total += n["linear"] // group_size * SCALE_BYTES
     elif scale == "channel":
         total += s.layers * sum(o for o, _ in s.linear_shapes()) * SCALE_BYTES
+    elif scale in FP4_SCALES:
+        gs, per_group, per_linear = FP4_SCALES[scale]
+        total += n["linear"] // gs * per_group + s.layers * len(s.linear_shapes()) * per_linear
     return total
 
 
