@@ -36,11 +36,26 @@ def test_cu_compiles_for_sm90_without_warnings(source, tmp_path):
     assert not res.stderr.strip(), res.stderr
 
 
-def test_binding_compiles_against_torch_headers():
+def _cuda_include() -> Path:
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    homes = [os.environ.get("CUDA_HOME"), CUDA_HOME, "/usr/local/cuda"]
+    found = next((Path(h, "include") for h in homes if h and Path(h, "include", "cuda_runtime_api.h").exists()), None)
+    assert found, f"no CUDA headers (include/cuda_runtime_api.h) under {homes}; set CUDA_HOME"
+    return found
+
+
+def test_binding_compiles_against_torch_headers(tmp_path):
     from torch.utils.cpp_extension import include_paths
 
-    incs = [*include_paths(), sysconfig.get_paths()["include"]]
-    cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-DTORCH_EXTENSION_NAME=qk",
+    incs = [*include_paths(), sysconfig.get_paths()["include"], str(_cuda_include())]
+    # a CPU build of torch ships c10/cuda's headers without the one CMake generates; stand in for it
+    if not any(Path(p, "c10/cuda/impl/cuda_cmake_macros.h").exists() for p in incs):
+        stub = tmp_path / "c10" / "cuda" / "impl"
+        stub.mkdir(parents=True)
+        (stub / "cuda_cmake_macros.h").write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+        incs.append(str(tmp_path))
+    cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", "-Werror",
            *[a for p in incs for a in ("-isystem", p)], str(CUDA_DIR / "binding.cpp")]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -70,15 +70,73 @@ def test_forced_kernels_agree(monkeypatch, kernel, rows, expected):
     assert (y.double() - truth).abs().max() <= 3e-3 * truth.abs().max()
 
 
-def test_cuda_is_never_chosen_without_a_gpu(monkeypatch):
+def test_cpu_tensors_never_take_cuda_kernels(monkeypatch):
+    """True on any machine: a CPU activation runs on the CPU whether or not a GPU and the extension exist."""
     monkeypatch.delenv(dispatch.ENV, raising=False)
     m, _, _ = _layer(seed=5)
-    assert not dispatch.cuda_ready()
     for rows in (1, 4, 64, 512):
         assert not dispatch.choose(m, rows, torch.zeros(rows, 128)).startswith("cuda")
     monkeypatch.setenv(dispatch.ENV, "cuda")
     with pytest.raises(UserError, match="QUANTKIT_KERNEL=cuda"):
         m(torch.randn(1, 128))
+
+
+def test_cuda_not_ready_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    dispatch.cuda_ready.cache_clear()
+    try:
+        assert not dispatch.cuda_ready()
+    finally:
+        dispatch.cuda_ready.cache_clear()  # the real answer again for later tests
+
+
+def _cpu_prepared_layer(bits=4, group_size=32):
+    """A bf16 layer with torch's CPU packed weights built, as if it had been prepared on the CPU."""
+    m, _, _ = _layer(bits, group_size, scale_dtype=torch.bfloat16, seed=21)
+    m.cpu_bf16_activations = True
+    assert (m._cpu_int4 if bits == 4 else m._cpu_int8) is not None
+    return m
+
+
+# (device, rows, dtype, cuda ops built, triton usable) -> path; decided by name, no device touched
+@pytest.mark.parametrize("device,rows,dtype,cuda_ok,triton_ok,expected", [
+    ("cpu", 1, torch.bfloat16, False, False, "cpu-int4pack"),
+    ("cpu", 1, torch.float32, False, False, "cpu-int4pack"),  # the runtime's opt-in: bf16 inside
+    ("cuda", 1, torch.bfloat16, True, True, "cuda-gemv"),
+    ("cuda", 4, torch.float16, True, True, "cuda-gemv"),
+    ("cuda", 1, torch.float32, True, True, "triton-gemv"),  # the CUDA GEMV is fp16/bf16 only
+    ("cuda", 5, torch.float16, True, True, "triton-gemm"),
+    ("cuda", 64, torch.bfloat16, True, True, "triton-gemm"),
+    ("cuda", 65, torch.bfloat16, True, True, "triton-dequant-matmul"),
+    ("cuda", 2, torch.float16, False, True, "triton-gemv"),
+    ("cuda", 200, torch.float16, True, False, "cuda-dequant-matmul"),
+    ("cuda", 1, torch.bfloat16, False, False, "torch-dequant-matmul"),
+])
+def test_decision_by_device(monkeypatch, device, rows, dtype, cuda_ok, triton_ok, expected):
+    monkeypatch.delenv(dispatch.ENV, raising=False)
+    m = _cpu_prepared_layer()
+    got = dispatch.decide(device, rows, dtype, m, None, cuda_ok=cuda_ok, triton_ok=triton_ok)
+    assert got == expected
+    if device == "cuda":  # FBGEMM / oneDNN layouts are host-only: never on a GPU, whatever else is missing
+        assert not got.startswith("cpu-")
+
+
+@pytest.mark.parametrize("forced", [None, "torch", "triton", "cuda", "reference"])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_cuda_never_gets_cpu_layouts(forced, bits):
+    m = _cpu_prepared_layer(bits, 32 if bits == 4 else -1)
+    for rows in (1, 3, 16, 300):
+        for dtype in (torch.float16, torch.bfloat16, torch.float32):
+            assert not dispatch.decide("cuda", rows, dtype, m, forced, cuda_ok=True, triton_ok=True).startswith("cpu-")
+
+
+def test_forced_cuda_needs_the_ops_on_a_cuda_device():
+    m = _cpu_prepared_layer()
+    for device, ok in (("cpu", True), ("cuda", False)):
+        with pytest.raises(UserError, match="QUANTKIT_KERNEL=cuda"):
+            dispatch.decide(device, 1, torch.float16, m, "cuda", cuda_ok=ok, triton_ok=True)
+    got = dispatch.decide("cuda", 9, torch.float16, m, "cuda", cuda_ok=True, triton_ok=True)
+    assert got == "cuda-dequant-matmul"  # more rows than the GEMV takes
 
 
 def test_bad_env_and_inputs(monkeypatch):

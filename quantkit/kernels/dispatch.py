@@ -19,12 +19,12 @@ import torch
 
 from ..errors import UserError
 from . import cpu, reference
+from .cuda_library import GEMV_MAX_ROWS as CUDA_GEMV_MAX_ROWS, gemv_supported
 
 log = logging.getLogger("quantkit.kernels")
 
 ENV = "QUANTKIT_KERNEL"
 FORCIBLE = ("reference", "triton", "cuda", "torch")
-CUDA_GEMV_MAX_ROWS = 4
 # Rows up to which the fused Triton GEMM beats dequantise + cuBLAS. Not yet measured on a GPU (bench/kernels.py
 # prints the crossover); 64 is where a decode-bound kernel usually stops winning. Override to tune.
 TRITON_GEMM_MAX_ROWS = int(os.environ.get("QUANTKIT_TRITON_MAX_ROWS", "64"))
@@ -56,17 +56,31 @@ def triton_usable(device: torch.device) -> bool:
 
 @functools.lru_cache(maxsize=1)
 def cuda_ready() -> bool:
-    """True once the CUDA extension is built and importable; False (logged once) on CPU or a failed build."""
+    """True once the CUDA ops are built and registered; False (logged once) on CPU or a failed build."""
     if not torch.cuda.is_available():
         return False
     try:
-        from . import cuda as qk_cuda
+        from .cuda_library import load_extension
 
-        qk_cuda.load()
+        load_extension()
         return True
     except Exception as e:  # a broken toolchain must not take the model down: the Triton/torch paths remain
         log.warning("CUDA kernels unavailable, using Triton/PyTorch paths: %s", e)
         return False
+
+
+def cuda_args(module, dtype: torch.dtype):
+    """The layer's tensors as the CUDA ops take them (scale and bias in the activation dtype, int32 zero points
+    and g_idx, contiguous), made on the first call per dtype and kept on the module: no per-call conversion."""
+    cache = module.__dict__.setdefault("_qk_cuda_args", {})
+    if dtype not in cache:
+        wp, sc, zp, gi, _ = _tensors(module)
+        bias = module.bias
+        cache[dtype] = (wp.contiguous(), sc.to(dtype).contiguous(),
+                        None if zp is None else zp.to(torch.int32).contiguous(),
+                        None if gi is None else gi.to(torch.int32).contiguous(),
+                        None if bias is None else bias.to(dtype).contiguous())
+    return cache[dtype]
 
 
 def _tensors(module):
@@ -89,48 +103,49 @@ def prepare(module) -> None:
 
 
 def choose(module, rows: int, x: torch.Tensor) -> str:
-    forced = forced_kernel()
     dev = x.device
+    cuda_ok = dev.type == "cuda" and cuda_ready()
+    return decide(dev.type, rows, x.dtype, module, forced_kernel(), cuda_ok=cuda_ok, triton_ok=triton_usable(dev))
+
+
+def decide(device_type: str, rows: int, dtype: torch.dtype, module, forced: str | None, *, cuda_ok: bool,
+           triton_ok: bool) -> str:
+    """The kernel path for `rows` activations of `dtype` on a device of `device_type`, given which kernel families
+    can run there. A pure decision (no device is touched), so it is tested by device name. torch's packed CPU ops
+    (FBGEMM / oneDNN layouts) are chosen on "cpu" only: on a GPU they would run on the host."""
     gi_present = getattr(module, "weight_g_idx", None) is not None
     if forced == "reference":
         return "reference"
     if forced == "triton":
-        if not triton_usable(dev):
+        if not triton_ok:
             raise UserError(f"{ENV}=triton needs triton and a CUDA tensor (or TRITON_INTERPRET=1 on CPU); "
-                            f"got a {dev.type} tensor; unset {ENV}")
+                            f"got a {device_type} tensor; unset {ENV}")
         return "triton-gemv" if rows <= CUDA_GEMV_MAX_ROWS else "triton-gemm"
+    gemv_ok = gemv_supported(module.in_features, module.group_size, gi_present, module.bits, rows, dtype)
     if forced == "cuda":
-        if dev.type != "cuda" or not cuda_ready():
+        if device_type != "cuda" or not cuda_ok:
             raise UserError(f"{ENV}=cuda needs a CUDA GPU with the quantkit CUDA kernels built; unset {ENV}")
-        from .cuda import gemv_supported
-
-        ok = gemv_supported(module.in_features, module.group_size, gi_present, module.bits, rows, x.dtype)
-        return "cuda-gemv" if ok else "cuda-dequant-matmul"
-    if dev.type == "cpu":
+        return "cuda-gemv" if gemv_ok else "cuda-dequant-matmul"
+    if device_type == "cpu":
         # fp32/fp16 activations take the packed ops only when the loader opted in (runtime): they then run in
         # bf16, ~4e-3 relative error per product, far below W4's own error, for a 50-200x faster layer
-        packed_ok = x.dtype == torch.bfloat16 or getattr(module, "cpu_bf16_activations", False)
-        if packed_ok and module._cpu_int4 is not None:
+        packed_ok = dtype == torch.bfloat16 or getattr(module, "cpu_bf16_activations", False)
+        if packed_ok and getattr(module, "_cpu_int4", None) is not None:
             return "cpu-int4pack"
-        if packed_ok and module._cpu_int8 is not None:
+        if packed_ok and getattr(module, "_cpu_int8", None) is not None:
             return "cpu-int8pack"
         return "torch-dequant-matmul"
     if forced == "torch":
         return "torch-dequant-matmul"
-    if rows <= CUDA_GEMV_MAX_ROWS and cuda_ready():
-        from .cuda import gemv_supported
-
-        if gemv_supported(module.in_features, module.group_size, gi_present, module.bits, rows, x.dtype):
-            return "cuda-gemv"
-    if triton_usable(dev):
+    if cuda_ok and gemv_ok:
+        return "cuda-gemv"
+    if triton_ok:
         if rows <= CUDA_GEMV_MAX_ROWS:
             return "triton-gemv"
         if rows <= TRITON_GEMM_MAX_ROWS:
             return "triton-gemm"
         return "triton-dequant-matmul"
-    if cuda_ready():
-        return "cuda-dequant-matmul"
-    return "torch-dequant-matmul"
+    return "cuda-dequant-matmul" if cuda_ok else "torch-dequant-matmul"
 
 
 def _log_once(module, path: str, rows: int, x: torch.Tensor):
@@ -153,6 +168,7 @@ def _dequant_matmul(module, x2: torch.Tensor, path: str) -> torch.Tensor:
     elif path == "cuda-dequant-matmul":
         from .cuda import dequantize_int
 
+        wp, sc, zp, gi, _ = cuda_args(module, x2.dtype)
         dequantize_int(wp, sc, zp, gi, gs, module.bits, k, out=buf)
     else:
         cpu.dequantize_into(buf, wp, sc, zp, gi, gs, module.bits)
@@ -185,7 +201,8 @@ def linear_forward(module, x: torch.Tensor) -> torch.Tensor:
     elif path == "cuda-gemv":
         from .cuda import gemv_w4a16
 
-        y = gemv_w4a16(x2, wp, sc, zp, gi, gs, bias)
+        cwp, csc, czp, cgi, cbias = cuda_args(module, x.dtype)
+        y = gemv_w4a16(x2.contiguous(), cwp, csc, czp, cgi, gs, cbias)
     elif path in ("cpu-int4pack", "cpu-int8pack"):
         xb = x2.to(torch.bfloat16)
         y = cpu.int4_matmul(module._cpu_int4, xb) if path == "cpu-int4pack" else cpu.int8_matmul(module._cpu_int8, xb)

@@ -1,7 +1,8 @@
-"""CUDA C++ kernels (dequant, W4A16 GEMV), JIT-built with torch.utils.cpp_extension on first use.
+"""CUDA C++ kernels (dequant, W4A16 GEMV) as `quantkit::` torch ops, JIT-built on first use.
 
 Importing this package on a machine without a CUDA GPU raises ImportError saying so; the dispatcher checks
-`quantkit.kernels.dispatch.cuda_ready()` and never selects these kernels there.
+`quantkit.kernels.dispatch.cuda_ready()` and never selects these kernels there. The ops' schemas, fakes and
+argument checks live in quantkit/kernels/cuda_library.py, which imports anywhere.
 """
 import torch
 
@@ -10,6 +11,6 @@ if not torch.cuda.is_available():
                       f"(this torch is {torch.__version__}, torch.cuda.is_available() is False); "
                       "on CPU quantkit uses the PyTorch or Triton-interpreter paths instead")
 
-from .ops import dequantize_fp8, dequantize_int, gemv_supported, gemv_w4a16, load  # noqa: E402
+from .ops import GEMV_MAX_ROWS, dequantize_fp8, dequantize_int, gemv_supported, gemv_w4a16, load  # noqa: E402
 
-__all__ = ["load", "dequantize_int", "dequantize_fp8", "gemv_w4a16", "gemv_supported"]
+__all__ = ["load", "dequantize_int", "dequantize_fp8", "gemv_w4a16", "gemv_supported", "GEMV_MAX_ROWS"]

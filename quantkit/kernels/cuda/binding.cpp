@@ -1,7 +1,12 @@
-// Thin PyTorch binding over the extern "C" launchers in dequant.cu and gemv_w4a16.cu. It includes no CUDA
-// headers (the stream arrives as an integer from torch.cuda.current_stream().cuda_stream), so it compiles
-// against any torch build; shapes and dtypes are checked in Python (quantkit/kernels/cuda/ops.py) and here.
-#include <torch/extension.h>
+// The quantkit:: CUDA ops, registered with TORCH_LIBRARY so that torch.compile keeps them in its graphs (their
+// fake implementations are registered from Python: quantkit/kernels/cuda_library.py, which holds the same
+// schemas). This file includes no CUDA kernels: it calls the extern "C" launchers in dequant.cu and
+// gemv_w4a16.cu on torch's current stream. Every precondition the kernels rely on is checked here, so a direct
+// torch.ops.quantkit call with bad arguments fails with a message instead of reading out of bounds.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
 
 #include <cstdint>
 #include <optional>
@@ -17,66 +22,141 @@ extern "C" int qk_gemv_w4a16(const void* x, const int32_t* wp, const void* scale
 
 namespace {
 
-int dtype_code(const at::Tensor& t) {
-  if (t.scalar_type() == at::kHalf) return 0;
-  if (t.scalar_type() == at::kBFloat16) return 1;
-  if (t.scalar_type() == at::kFloat) return 2;
-  TORCH_CHECK(false, "quantkit cuda: unsupported dtype ", t.scalar_type());
+int dtype_code(at::ScalarType t) {
+  if (t == at::kHalf) return 0;
+  if (t == at::kBFloat16) return 1;
+  if (t == at::kFloat) return 2;
+  TORCH_CHECK(false, "quantkit: unsupported dtype ", t, "; use float16, bfloat16 or float32");
   return -1;
 }
 
-const int32_t* opt_i32(const std::optional<at::Tensor>& t) {
+void check_on(const at::Tensor& t, const at::Tensor& ref, const char* name) {
+  TORCH_CHECK(t.device() == ref.device(), "quantkit: ", name, " is on ", t.device(), ", expected ", ref.device());
+  TORCH_CHECK(t.is_contiguous(), "quantkit: ", name, " must be contiguous");
+}
+
+const int32_t* opt_i32(const std::optional<at::Tensor>& t, const at::Tensor& ref, const char* name) {
   if (!t.has_value()) return nullptr;
-  TORCH_CHECK(t->scalar_type() == at::kInt && t->is_contiguous() && t->is_cuda(), "expected contiguous CUDA int32");
+  check_on(*t, ref, name);
+  TORCH_CHECK(t->scalar_type() == at::kInt, "quantkit: ", name, " must be int32, got ", t->scalar_type());
   return t->data_ptr<int32_t>();
 }
 
-void check(int err, const char* what) { TORCH_CHECK(err == 0, "quantkit cuda: ", what, " failed, cudaError ", err); }
-
-void dequant_int(const at::Tensor& wp, const at::Tensor& scale, const std::optional<at::Tensor>& zp,
-                 const std::optional<at::Tensor>& g_idx, at::Tensor& out, int64_t bits, int64_t group_size,
-                 int64_t stream) {
-  TORCH_CHECK(wp.is_cuda() && wp.scalar_type() == at::kInt && wp.is_contiguous(), "weight_packed: CUDA int32");
-  TORCH_CHECK(out.is_contiguous() && scale.is_contiguous() && scale.scalar_type() == out.scalar_type(),
-              "scale must be contiguous in the output dtype");
-  const int groups = scale.dim() == 2 ? static_cast<int>(scale.size(1)) : 1;
-  check(qk_dequant_int(wp.data_ptr<int32_t>(), scale.data_ptr(), opt_i32(zp), opt_i32(g_idx), out.data_ptr(),
-                       dtype_code(out), static_cast<int>(bits), static_cast<int>(out.size(0)),
-                       static_cast<int>(out.size(1)), groups, static_cast<int>(group_size),
-                       reinterpret_cast<void*>(stream)),
-        "dequant_int");
+int scale_groups(const at::Tensor& scale, int64_t n) {
+  TORCH_CHECK(scale.dim() <= 2 && (scale.dim() == 2 ? scale.size(0) == n : scale.numel() == n),
+              "quantkit: weight_scale must be [", n, ", groups]");
+  return scale.dim() == 2 ? static_cast<int>(scale.size(1)) : 1;
 }
 
-void dequant_fp8(const at::Tensor& w, const at::Tensor& scale, at::Tensor& out, int64_t stream) {
-  TORCH_CHECK(w.is_cuda() && w.is_contiguous() && w.element_size() == 1, "fp8 weight: contiguous CUDA, 1 byte");
-  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous(), "fp8 scale must be contiguous float32");
-  check(qk_dequant_fp8(w.data_ptr(), scale.data_ptr<float>(), out.data_ptr(), dtype_code(out),
-                       static_cast<int>(w.size(0)), static_cast<int>(w.size(1)), scale.numel() > 1 ? 1 : 0,
-                       reinterpret_cast<void*>(stream)),
-        "dequant_fp8");
+void check_groups(int groups, const std::optional<at::Tensor>& zp, const std::optional<at::Tensor>& g_idx,
+                  int64_t n, int64_t k, int64_t group_size, int64_t bits) {
+  const int64_t per = 32 / bits;
+  if (g_idx.has_value()) {
+    TORCH_CHECK(g_idx->numel() == k, "quantkit: g_idx must have ", k, " entries");
+  } else if (group_size > 0) {
+    TORCH_CHECK(groups == (k + group_size - 1) / group_size, "quantkit: ", groups, " scale groups do not fit ",
+                "group_size ", group_size, " over ", k, " columns");
+  }
+  TORCH_CHECK(!zp.has_value() || (zp->dim() == 2 && zp->size(0) == (n + per - 1) / per && zp->size(1) == groups),
+              "quantkit: weight_zero_point must be [", (n + per - 1) / per, ", ", groups, "]");
 }
 
-void gemv_w4a16(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& scale,
-                const std::optional<at::Tensor>& zp, const std::optional<at::Tensor>& g_idx,
-                const std::optional<at::Tensor>& bias, at::Tensor& y, int64_t group_size, int64_t stream) {
+void launched(int err, const char* what) {
+  TORCH_CHECK(err == 0, "quantkit: ", what, " launch failed (cudaError ", err, ")");
+}
+
+void* stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+void dequant_int_out(const at::Tensor& wp, const at::Tensor& scale, const std::optional<at::Tensor>& zp,
+                     const std::optional<at::Tensor>& g_idx, int64_t bits, int64_t group_size, at::Tensor& out) {
+  TORCH_CHECK(wp.is_cuda() && wp.scalar_type() == at::kInt && wp.dim() == 2, "quantkit: weight_packed: CUDA int32 2-D");
+  TORCH_CHECK(bits == 4 || bits == 8, "quantkit: bits must be 4 or 8");
+  check_on(scale, wp, "weight_scale");
+  check_on(out, wp, "out");
+  const int64_t n = out.size(0), k = out.size(1), per = 32 / bits;
+  TORCH_CHECK(wp.size(0) == n && wp.size(1) == (k + per - 1) / per, "quantkit: weight_packed does not fit out");
+  TORCH_CHECK(scale.scalar_type() == out.scalar_type(), "quantkit: weight_scale must have out's dtype");
+  const int groups = scale_groups(scale, n);
+  check_groups(groups, zp, g_idx, n, k, group_size, bits);
+  const c10::cuda::CUDAGuard guard(wp.device());
+  launched(qk_dequant_int(wp.data_ptr<int32_t>(), scale.data_ptr(), opt_i32(zp, wp, "weight_zero_point"),
+                          opt_i32(g_idx, wp, "g_idx"), out.data_ptr(), dtype_code(out.scalar_type()),
+                          static_cast<int>(bits), static_cast<int>(n), static_cast<int>(k), groups,
+                          static_cast<int>(group_size), stream_of(wp)),
+           "dequant_int");
+}
+
+at::Tensor dequant_int(const at::Tensor& wp, const at::Tensor& scale, const std::optional<at::Tensor>& zp,
+                       const std::optional<at::Tensor>& g_idx, int64_t bits, int64_t group_size,
+                       int64_t in_features, at::ScalarType dtype) {
+  at::Tensor out = at::empty({wp.size(0), in_features}, wp.options().dtype(dtype));
+  dequant_int_out(wp, scale, zp, g_idx, bits, group_size, out);
+  return out;
+}
+
+at::Tensor dequant_fp8(const at::Tensor& w, const at::Tensor& scale, at::ScalarType dtype) {
+  TORCH_CHECK(w.is_cuda() && w.is_contiguous() && w.dim() == 2 && w.element_size() == 1,
+              "quantkit: fp8 weight must be a contiguous CUDA [out, in] float8_e4m3fn tensor");
+  check_on(scale, w, "weight_scale");
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && (scale.numel() == 1 || scale.numel() == w.size(0)),
+              "quantkit: fp8 weight_scale must be float32 [1] or [out]");
+  at::Tensor out = at::empty(w.sizes(), w.options().dtype(dtype));
+  const c10::cuda::CUDAGuard guard(w.device());
+  launched(qk_dequant_fp8(w.data_ptr(), scale.data_ptr<float>(), out.data_ptr(), dtype_code(dtype),
+                          static_cast<int>(w.size(0)), static_cast<int>(w.size(1)), scale.numel() > 1 ? 1 : 0,
+                          stream_of(w)),
+           "dequant_fp8");
+  return out;
+}
+
+bool aligned16(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
+
+at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& scale,
+                      const std::optional<at::Tensor>& zp, const std::optional<at::Tensor>& g_idx,
+                      const std::optional<at::Tensor>& bias, int64_t group_size) {
   TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 4,
-              "x: contiguous CUDA [1-4, K]");
-  TORCH_CHECK(scale.scalar_type() == x.scalar_type() && y.scalar_type() == x.scalar_type(),
-              "scale and y must have x's dtype");
-  TORCH_CHECK(!bias.has_value() || (bias->scalar_type() == x.scalar_type() && bias->is_contiguous()),
-              "bias must be contiguous in x's dtype");
-  const int groups = scale.dim() == 2 ? static_cast<int>(scale.size(1)) : 1;
-  check(qk_gemv_w4a16(x.data_ptr(), wp.data_ptr<int32_t>(), scale.data_ptr(), opt_i32(zp), opt_i32(g_idx),
-                      bias.has_value() ? bias->data_ptr() : nullptr, y.data_ptr(), dtype_code(x),
-                      static_cast<int>(x.size(0)), static_cast<int>(wp.size(0)), static_cast<int>(x.size(1)),
-                      groups, static_cast<int>(group_size), reinterpret_cast<void*>(stream)),
-        "gemv_w4a16");
+              "quantkit: gemv x must be a contiguous CUDA [1-4, in_features] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "quantkit: gemv x: fp16 or bf16");
+  check_on(wp, x, "weight_packed");
+  check_on(scale, x, "weight_scale");
+  const int64_t m = x.size(0), k = x.size(1), n = wp.size(0);
+  TORCH_CHECK(k % 32 == 0 && wp.scalar_type() == at::kInt && wp.dim() == 2 && wp.size(1) * 8 == k,
+              "quantkit: gemv needs in_features % 32 == 0 and weight_packed [out, in_features / 8] int32");
+  TORCH_CHECK(group_size <= 0 || group_size % 8 == 0 || g_idx.has_value(), "quantkit: gemv group_size % 8 != 0");
+  TORCH_CHECK(aligned16(x) && aligned16(wp), "quantkit: gemv x and weight_packed must be 16-byte aligned");
+  TORCH_CHECK(scale.scalar_type() == x.scalar_type(), "quantkit: weight_scale must have x's dtype");
+  const int groups = scale_groups(scale, n);
+  check_groups(groups, zp, g_idx, n, k, group_size, 4);
+  if (bias.has_value()) {
+    check_on(*bias, x, "bias");
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->numel() == n, "quantkit: bias must be [out] in x's dtype");
+  }
+  at::Tensor y = at::empty({m, n}, x.options());
+  const c10::cuda::CUDAGuard guard(x.device());
+  launched(qk_gemv_w4a16(x.data_ptr(), wp.data_ptr<int32_t>(), scale.data_ptr(),
+                         opt_i32(zp, x, "weight_zero_point"), opt_i32(g_idx, x, "g_idx"),
+                         bias.has_value() ? bias->data_ptr() : nullptr, y.data_ptr(), dtype_code(x.scalar_type()),
+                         static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), groups,
+                         static_cast<int>(g_idx.has_value() ? -1 : group_size), stream_of(x)),
+           "gemv_w4a16");
+  return y;
 }
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("dequant_int", &dequant_int);
-  m.def("dequant_fp8", &dequant_fp8);
-  m.def("gemv_w4a16", &gemv_w4a16);
+TORCH_LIBRARY(quantkit, m) {
+  m.def("gemv_w4a16(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, "
+        "Tensor? g_idx, Tensor? bias, int group_size) -> Tensor");
+  m.def("dequant_int(Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, "
+        "Tensor? g_idx, int bits, int group_size, int in_features, ScalarType dtype) -> Tensor");
+  m.def("dequant_int_out(Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, "
+        "Tensor? g_idx, int bits, int group_size, Tensor(a!) out) -> ()");
+  m.def("dequant_fp8(Tensor weight, Tensor weight_scale, ScalarType dtype) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(quantkit, CUDA, m) {
+  m.impl("gemv_w4a16", &gemv_w4a16);
+  m.impl("dequant_int", &dequant_int);
+  m.impl("dequant_int_out", &dequant_int_out);
+  m.impl("dequant_fp8", &dequant_fp8);
 }

@@ -36,4 +36,25 @@ __device__ __forceinline__ int group_of(int k, const int32_t* __restrict__ g_idx
   return group_size > 0 ? k / group_size : 0;
 }
 
+// Magic-number int4 -> 16-bit float: OR a 4-bit code into the low mantissa bits of a number whose mantissa step is
+// 1 (fp16 1024 = 0x6400, bf16 128 = 0x4300) and the register holds exactly base + code in each half; subtracting
+// base + zero (also exact) leaves code - zero. One lop3 gives two codes, no integer-to-float conversion.
+// tests/test_kernels_cuda_bits.py reads these constants and replays the arithmetic in NumPy.
+constexpr uint32_t kLowNibbles = 0x000F000Fu;  // bits 0-3 of each 16-bit half
+constexpr uint32_t kHalfMagic = 0x64006400u;   // half2 (1024, 1024)
+constexpr uint32_t kBf16Magic = 0x43004300u;   // bfloat162 (128, 128)
+constexpr float kHalfBase = 1024.0f;
+constexpr float kBf16Base = 128.0f;
+// A word's codes come out paired (t, t + 4) for t = 0..3 (shift by 4t, one lop3); activations are re-paired the
+// same way with byte permutes: (x_t, x_{t+4}) = prmt(r[t/2], r[t/2 + 2], kPairLo or kPairHi).
+constexpr uint32_t kPairLo = 0x5410u;  // low 16 bits of each source word
+constexpr uint32_t kPairHi = 0x7632u;  // high 16 bits of each source word
+
+// (a & b) | c in one instruction
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
 }  // namespace qk
