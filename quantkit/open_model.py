@@ -23,14 +23,15 @@ class OpenedModel:
 
 def open_model(path: str, *, dtype: str | None = None, threads: int | None = None, draft: str | None = None,
                prompt_lookup: int | None = None, compile: bool = False,
-               warn: Callable[[str], None] = print) -> OpenedModel:
+               warn: Callable[[str], None] = print, device: str = "cpu") -> OpenedModel:
     """PATH: a quantkit checkpoint, a Hugging Face model folder, or 'embedded'. warn receives the note shown
-    when --compile leaves the model eager."""
+    when --compile leaves the model eager. device: a resolved device string (runtime.build.resolve_device)."""
     build.set_threads(threads)
     dt = build.parse_dtype(dtype)
     tok = build.load_tokenizer(path)  # first: a broken tokenizer should not wait for the model to load
-    model = build.load_model(path, dt)
-    make_drafter = drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt)
+    model = build.load_model(path, dt, device)
+    make_drafter = drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt,
+                                    device=device)
     compiled = False
     if compile:  # after the drafter: a self-w4 draft copies the eager model
         compiled = build.compile_decode(model)

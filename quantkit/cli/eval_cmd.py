@@ -21,7 +21,7 @@ def eval_(
     stride: Optional[int] = typer.Option(None, "--stride", help="Window stride in text tokens (default: no overlap)."),
     text_field: str = typer.Option("text", "--text-field", help="Text field of JSON/CSV/parquet data."),
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Greedy tokens per task prompt (answers stop at a line end)."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when this torch sees a GPU, else CPU), cpu, cuda or cuda:N."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float16, bfloat16 or float32 (default: float32 on CPU, the checkpoint's on GPU)."),
     backend: Optional[list[str]] = typer.Option(None, "--backend", help="Also score every model with these engines side by side (repeatable, two or more): quantkit, transformers, vllm."),
     vllm_python: Optional[str] = typer.Option(None, "--vllm-python", help="Python of vLLM's own venv (bash bench/vllm_env.sh makes one; or QUANTKIT_VLLM_PYTHON)."),
@@ -40,8 +40,10 @@ def eval_(
     """
     from ..errors import UserError
     from ..evaluate import parse_gates, run_eval
+    from ..runtime.build import resolve_device
 
     gates = parse_gates(gate)
+    device = resolve_device(device)
     if dtype is not None and dtype not in ("float16", "bfloat16", "float32"):
         raise UserError(f"--dtype must be float16, bfloat16 or float32, got '{dtype}'")
     log = (lambda msg: None) if quiet or as_json else (lambda msg: console.print(f"[dim]{msg}[/]"))

@@ -23,6 +23,7 @@ def generate_cmd(
     prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by prompt lookup: match the last N down to 2 tokens (N=1: single tokens)"),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when this torch sees a GPU, else CPU), cpu, cuda or cuda:N"),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the decode step: faster per token after a slow first call (about a minute on a small CPU)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),
     as_json: bool = typer.Option(False, "--json", help="print completion, tokens and metrics as JSON"),
@@ -34,6 +35,7 @@ def generate_cmd(
     import torch
 
     from ..open_model import open_model
+    from ..runtime.build import resolve_device
     from ..runtime.generate import generate
     from ..runtime.sampling import SamplingParams
 
@@ -41,10 +43,11 @@ def generate_cmd(
         from ..errors import UserError
 
         raise UserError(f"--num-speculative-tokens must be at least 1, got {num_speculative_tokens}")
+    device = resolve_device(device)  # before any loading: a missing GPU is a one-line error
     params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                             stop=list(stop)).validate()
     opened = open_model(path, dtype=dtype, threads=threads, draft=draft, prompt_lookup=prompt_lookup,
-                        compile=compile_, warn=lambda note: typer.echo(note, err=True))
+                        compile=compile_, warn=lambda note: typer.echo(note, err=True), device=device)
     model, tok, make_drafter = opened.model, opened.tokenizer, opened.make_drafter
     if chat:
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,

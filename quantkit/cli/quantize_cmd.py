@@ -84,7 +84,7 @@ def quantize(
     text_field: Optional[str] = typer.Option(None, "--text-field", help="Text field of JSON/CSV/parquet data."),
     min_tokens: Optional[int] = typer.Option(None, "--min-tokens", help="Shortest document kept in document mode."),
     dtype: Optional[str] = typer.Option(None, help="auto, float16, bfloat16 or float32."),
-    device: Optional[str] = typer.Option(None, help="cpu or cuda (one layer at a time on the device)."),
+    device: Optional[str] = typer.Option(None, help="auto (CUDA when this torch sees a GPU, else CPU), cpu, cuda or cuda:N: one layer at a time on the device (default: the recipe's, cpu)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
@@ -96,6 +96,10 @@ def quantize(
     from ..recipe import Recipe, apply_overrides, load_recipe
 
     base = load_recipe(recipe) if recipe else Recipe()
+    if device is not None:
+        from ..runtime.build import resolve_device
+
+        device = resolve_device(device)
     flags = dict(
         model=model, output=output, dtype=dtype, device=device, scheme=scheme, method=method,
         group_size=group_size, sym=sym, clip_search=clip_search, kv_cache=kv_cache, damp=damp,

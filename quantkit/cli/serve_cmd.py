@@ -62,14 +62,14 @@ def warn_if_open(host: str, api_key: Optional[str], port: int) -> None:
 
 
 def load_engines(path, *, threads, dtype, draft, prompt_lookup, num_speculative_tokens, spec_max_batch, max_batch,
-                 max_queue, kv_cache, compile_, compare):
+                 max_queue, kv_cache, compile_, compare, device="cpu"):
     """The served model's engine, and the compare model (or None)."""
     from ..open_model import open_model
     from ..runtime.engine import Engine
     from ..serve.playground import load_compare
 
     opened = open_model(path, dtype=dtype, threads=threads, draft=draft, prompt_lookup=prompt_lookup,
-                        compile=compile_, warn=lambda note: typer.echo(note, err=True))
+                        compile=compile_, warn=lambda note: typer.echo(note, err=True), device=device)
     model, tok, make_drafter, dt = opened.model, opened.tokenizer, opened.make_drafter, opened.dtype
     if kv_cache == "fp8":
         from ..runtime.kv_cache import new_cache
@@ -106,6 +106,7 @@ def serve_cmd(
     max_body_bytes: int = typer.Option(2 << 20, "--max-body-bytes", help="largest request body accepted (413 beyond)"),
     kv_cache: str = typer.Option("auto", "--kv-cache", help="KV cache dtype: auto (model dtype) or fp8"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA when this torch sees a GPU, else CPU), cpu, cuda or cuda:N"),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the decode step: faster per token after a slow first call (about a minute on a small CPU)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),
     compare: Optional[str] = typer.Option(None, "--compare", help="base model to compare with side by side in the playground at / (same tokenizer)"),
@@ -121,6 +122,7 @@ def serve_cmd(
 
     check_options(kv_cache, {"--max-batch": max_batch, "--max-queue": max_queue,
                              "--num-speculative-tokens": num_speculative_tokens, "--max-body-bytes": max_body_bytes})
+    device = build.resolve_device(device)
     sock = bind(host, port)
     port = sock.getsockname()[1]
     warn_if_open(host, api_key, port)
@@ -128,7 +130,7 @@ def serve_cmd(
         engine, base = load_engines(path, threads=threads, dtype=dtype, draft=draft, prompt_lookup=prompt_lookup,
                                     num_speculative_tokens=num_speculative_tokens, spec_max_batch=spec_max_batch,
                                     max_batch=max_batch, max_queue=max_queue, kv_cache=kv_cache, compile_=compile_,
-                                    compare=compare)
+                                    compare=compare, device=device)
     except BaseException:
         sock.close()
         raise
@@ -139,7 +141,8 @@ def serve_cmd(
     if as_json:
         emit_json({"model": name, "host": host, "port": port, "draft": draft, "prompt_lookup": prompt_lookup,
                    "num_speculative_tokens": num_speculative_tokens, "max_batch": max_batch, "max_queue": max_queue,
-                   "compare": base.name if base else None, "compile": compile_, "api_key": bool(api_key)})
+                   "compare": base.name if base else None, "compile": compile_, "api_key": bool(api_key),
+                   "device": device})
     else:
         console.print(f"serving '{name}' on http://{host}:{port}/v1, playground at http://{host}:{port}/ "
                       "(Ctrl-C to stop)")

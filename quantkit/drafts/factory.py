@@ -13,7 +13,7 @@ from .self_w4 import self_w4_draft
 
 
 def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_lookup: int | None = None,
-                    dtype=None) -> Callable[[], object] | None:
+                    dtype=None, device: str = "cpu") -> Callable[[], object] | None:
     """A function making one drafter per sequence (a model drafter holds that sequence's draft KV cache)."""
     if draft and prompt_lookup:
         raise UserError("choose one draft source: --draft or --prompt-lookup, not both")
@@ -30,6 +30,6 @@ def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_looku
         head = load_head(draft, target)
         return lambda: EagleDrafter(target, head)
     else:
-        draft_model = load_model(draft, dtype)
+        draft_model = load_model(draft, dtype, device)  # beside the target: drafts and verifies share tokens
         check_vocab(target, draft_model, tokenizer, load_tokenizer(draft))
     return lambda: ModelDrafter(draft_model)

@@ -42,15 +42,36 @@ def set_threads(n: int | None) -> None:
         torch.set_num_threads(n)
 
 
-def load_model(path: str, dtype=None):
-    """The model this runtime decodes with, through the checkpoint loader (float or quantised folders). dtype
-    None means float32, whatever the checkpoint stores: this runtime decodes on the CPU, where float32
-    activations are exact and where a float16 checkpoint's weights still read as float16 (linear/relayout.py).
-    The model only decodes, so its weights are laid out and fused for speed as it loads (loader.load's
-    relayout)."""
+def resolve_device(name: str | None) -> str:
+    """A --device value to a torch device string: auto is CUDA when this torch sees a GPU, else the CPU."""
+    name = (name or "auto").strip().lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    if name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
+        raise UserError(f"unknown --device '{name}'; choose auto, cpu or cuda (cuda:N for one GPU)")
+    if not torch.cuda.is_available():
+        raise UserError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA GPU; "
+                        "use --device cpu or --device auto")
+    if ":" in name and int(name[5:]) >= torch.cuda.device_count():
+        raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA GPU(s) visible; pick a lower index")
+    return name
+
+
+def load_model(path: str, dtype=None, device: str = "cpu"):
+    """The model this runtime decodes with, through the checkpoint loader (float or quantised folders).
+
+    On the CPU, dtype None means float32, whatever the checkpoint stores: float32 activations are exact there
+    and a float16 checkpoint's weights still read as float16 (linear/relayout.py); the model only decodes, so
+    its weights are laid out and fused for speed as it loads (loader.load's relayout). On CUDA, dtype None
+    keeps the checkpoint's dtype (the GPU kernels take float16/bfloat16 activations) and no CPU layout is
+    built: quantised layers run our CUDA/Triton kernels (kernels/dispatch.py)."""
     from .loader import load
 
-    return load(resolve_path(path), device="cpu", dtype=dtype or torch.float32, cpu_fast=True, relayout=True)
+    if device == "cpu":
+        return load(resolve_path(path), device="cpu", dtype=dtype or torch.float32, cpu_fast=True, relayout=True)
+    return load(resolve_path(path), device=device, dtype=dtype, cpu_fast=False, relayout=False)
 
 
 STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its float32 products are oneDNN calls on pre-laid "
