@@ -3,7 +3,7 @@
 The loader (runtime/loader.py) asks this module, and only this module, at two moments:
 - before the weights are read, `stored` turns a quantised nn.Linear into the module its checkpoint tensors load
   into, by its config group's weight type: QuantLinear (quant.py) for integer weights, FP8Linear (fp8.py) for
-  float ones;
+  float ones, Int8Linear (int8.py) for integer weights with integer activations (W8A8);
 - once they are loaded and on their final device, `choose` gives each Linear-like module the module to compute
   with, from the checkpoint's schemes and the caller's options (`apply` does it for a whole model): a
   QuantLinear is prepared for its kernels (kernels/dispatch.py; with cpu_fast, torch's packed int ops with bf16
@@ -22,6 +22,7 @@ from ..kernels import dispatch as kernel_dispatch
 from .fp4 import FP4Linear
 from .fp8 import FP8Linear
 from .half_head import half_copy
+from .int8 import Int8Linear
 from .packed import PackedLinear
 from .quant import QuantLinear
 from .relayout import float_linear
@@ -36,6 +37,8 @@ def stored(linear: nn.Linear, group: dict, *, has_g_idx: bool, has_input_scale: 
         return FP4Linear.from_group(linear, group, dtype)
     if group["weights"]["type"] == FLOAT:
         return FP8Linear.from_group(linear, group, dtype, has_input_scale=has_input_scale)
+    if group.get("input_activations"):  # W8A8 INT8 (`int-quantized`): int8 x int8 products
+        return Int8Linear.from_group(linear, group, dtype, has_input_scale=has_input_scale)
     return QuantLinear.from_group(linear, group["weights"], has_g_idx, dtype)
 
 
@@ -43,7 +46,7 @@ def schemes(model: nn.Module) -> set[str]:
     """The weight types the model's quantised Linears hold: empty for a float model."""
     kinds = set()
     for m in model.modules():
-        if isinstance(m, QuantLinear):
+        if isinstance(m, (QuantLinear, Int8Linear)):
             kinds.add(INT)
         elif isinstance(m, (FP8Linear, FP4Linear)):
             kinds.add(FLOAT)

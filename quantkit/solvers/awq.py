@@ -97,6 +97,7 @@ class _GroupData:
 
     def __init__(self):
         self.abs_sum = None
+        self.abs_max = None  # max|x| per channel (SmoothQuant's statistic)
         self.tokens = 0
         self.calls: list[tuple[tuple, dict]] = []  # the block's (args, kwargs) for the kept samples
 
@@ -117,8 +118,9 @@ def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, 
     def on_linear(_mod, args):
         x = args[0].detach()
         x = x.reshape(-1, x.shape[-1]).float()
-        s = x.abs().sum(0)
+        s, m = x.abs().sum(0), x.abs().amax(0)
         data.abs_sum = s if data.abs_sum is None else data.abs_sum + s
+        data.abs_max = m if data.abs_max is None else torch.maximum(data.abs_max, m)
         data.tokens += x.shape[0]
         raise _Stop
 
@@ -142,7 +144,44 @@ def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, 
     return data
 
 
+def measured_copy(block, group: ScaleGroup, linears: dict, data: _GroupData):
+    """A float32 copy of the measured block, its copies of the group's Linears, their original weights, the
+    block's float outputs on the kept samples and their total power (the error's denominator)."""
+    work = copy.deepcopy(block).float()
+    copies = {n: work.get_submodule(_relative(n, group.block)) for n in linears}
+    originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
+    refs = [_first(work(*a, **kw)) for a, kw in data.calls]
+    power = sum(float(r.double().pow(2).sum()) for r in refs) or 1.0
+    return work, copies, originals, refs, power
+
+
+def block_error(work, data: _GroupData, refs: list, power: float) -> float:
+    total = 0.0
+    for (a, kw), r in zip(data.calls, refs):
+        total += float((_first(work(*a, **kw)).double() - r.double()).pow(2).sum())
+    return total / power
+
+
+def pick_alpha(error, candidates, keep_baseline: bool = True):
+    """(alpha, s, error, baseline error) of the best (alpha, s) candidate by error(s); alpha None when no
+    candidate beats s = 1 (keep_baseline), else the best candidate even when it does not."""
+    first = candidates[0][1]
+    base = error(torch.ones_like(first))
+    best = (base, None, None) if keep_baseline else (float("inf"), None, None)
+    for alpha, s in candidates:
+        if not torch.isfinite(s).all():
+            continue
+        e = error(s)
+        if e < best[0] or (best[1] is None and e <= best[0]):  # alpha 0 ties the baseline: record it
+            best = (e, alpha, s)
+    e, alpha, s = best
+    return (None if alpha is None else round(alpha, 4)), s, e, base
+
+
 class AWQTransform(LayerTransform):
+    # quantkit.json keys: the chosen alpha, the block error with it and without scaling
+    STAT_ALPHA, STAT_ERROR, STAT_BASE = "awq_alpha", "awq_block_error", "rtn_block_error"
+
     def __init__(self, model, options: dict):
         super().__init__(model, options)
         self.grid = int(options.get("grid", 20))
@@ -186,15 +225,16 @@ class AWQTransform(LayerTransform):
                           "lacks; that group is left unscaled", stacklevel=2)
             return
         linears = {n: layer.get_submodule(n) for n in group.linears}
-        quantised = {n: by_rel[n][1] for n in linears if n in by_rel and not by_rel[n][1].is_fp8}
+        quantised = {n: by_rel[n][1] for n in linears if n in by_rel and self.searchable(by_rel[n][1])}
         full = {n: by_rel[n][0] for n in linears if n in by_rel}
         if not quantised:
             return
         widths = {m.in_features for m in linears.values()}
         if len(widths) != 1 or prev_width(layer, group) not in widths:
             for n in full.values():  # e.g. v_proj -> o_proj under grouped-query attention
-                stats.setdefault(n, {}).update(awq_alpha=None, awq_note=f"not scaled: {group.prev} output width "
-                                               f"!= input width of {', '.join(group.linears)}")
+                stats.setdefault(n, {}).update({self.STAT_ALPHA: None, self.STAT_ALPHA.replace("alpha", "note"):
+                                                f"not scaled: {group.prev} output width != input width of "
+                                                f"{', '.join(group.linears)}"})
             return
         block = layer.get_submodule(group.block)
         data = _capture_group(layer, block, linears[group.linears[0]], inputs, self.search_tokens)
@@ -202,7 +242,11 @@ class AWQTransform(LayerTransform):
         if alpha is not None:
             fold_scales(layer, group, s, self.arch.norm_offset)
         for n in full.values():
-            stats.setdefault(n, {}).update(awq_alpha=alpha, awq_block_error=err, rtn_block_error=base)
+            stats.setdefault(n, {}).update({self.STAT_ALPHA: alpha, self.STAT_ERROR: err, self.STAT_BASE: base})
+
+    def searchable(self, scheme: Scheme) -> bool:
+        """Whether a Linear with this scheme is quantised during the search (FP8 ones are left in float)."""
+        return not scheme.is_fp8
 
     def _scale_dtype(self, weight_dtype: torch.dtype) -> torch.dtype:
         """Searches score the scales the checkpoint will hold: on a CPU the model computes in float32 while a
@@ -211,11 +255,7 @@ class AWQTransform(LayerTransform):
 
     @torch.no_grad()
     def _search(self, block, group: ScaleGroup, linears: dict, quantised: dict, data: _GroupData):
-        work = copy.deepcopy(block).float()
-        copies = {n: work.get_submodule(_relative(n, group.block)) for n in linears}
-        originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
-        refs = [_first(work(*a, **kw)) for a, kw in data.calls]
-        power = sum(float(r.double().pow(2).sum()) for r in refs) or 1.0
+        work, copies, originals, refs, power = measured_copy(block, group, linears, data)
         scale_dtype = self._scale_dtype(next(iter(linears.values())).weight.dtype)
         gs = group_width(next(iter(quantised.values())), next(iter(linears.values())).in_features)
         w_mean = weight_profile(list(originals.values()), gs) if self.duo else None
@@ -224,22 +264,10 @@ class AWQTransform(LayerTransform):
         def error(s: torch.Tensor) -> float:
             for n, sch in quantised.items():
                 copies[n].weight.data = fake_quantize(originals[n] * s, sch, scale_dtype) / s
-            total = 0.0
-            for (a, kw), r in zip(data.calls, refs):
-                total += float((_first(work(*a, **kw)).double() - r.double()).pow(2).sum())
-            return total / power
+            return block_error(work, data, refs, power)
 
-        base = error(torch.ones_like(x_mean))
-        best = (base, None, None)
-        for alpha in torch.linspace(0, 1, self.grid).tolist():
-            s = normalised_scales(x_mean, w_mean, alpha)
-            if not torch.isfinite(s).all():
-                continue
-            e = error(s)
-            if e < best[0] or (best[1] is None and e <= best[0]):  # alpha 0 ties the baseline: record it
-                best = (e, alpha, s)
-        e, alpha, s = best
-        return (None if alpha is None else round(alpha, 4)), s, e, base
+        return pick_alpha(error, [(a, normalised_scales(x_mean, w_mean, a))
+                                  for a in torch.linspace(0, 1, self.grid).tolist()])
 
     @torch.no_grad()
     def _clip(self, layer, inputs, by_rel: dict, stats: dict) -> None:
