@@ -8,10 +8,10 @@ previous norm's gain or previous Linear's rows with AWQ's per-architecture maps 
 float model is unchanged.
 
 The migration strength a is searched per scale group like AWQ's, on an 11-point grid in [0, 1]: the measured
-block (awq_maps.ScaleGroup.block) is run on calibration samples with its w8a8 Linears quantised exactly as they
-will run (INT8 RTN weights per channel, INT8 inputs per token, or per tensor for w8a8-static with the batch's
-absmax standing in for the calibrated scale), and the a with the least output error is kept; none, when no
-smoothing beats the unsmoothed error. A fixed alpha (recipe smooth_alpha) skips the search. The chosen a is
+block (awq_maps.ScaleGroup.block) is run on SEARCH_TOKENS calibration tokens with its w8a8 Linears quantised
+exactly as they will run (INT8 RTN weights per channel, INT8 inputs per token, or per tensor for w8a8-static with
+the batch's absmax standing in for the calibrated scale), and the a with the least output error is kept; none,
+when no smoothing beats the unsmoothed error. A fixed alpha (recipe smooth_alpha) skips the search. The chosen a is
 recorded per Linear in quantkit.json (smooth_alpha).
 """
 from __future__ import annotations
@@ -21,11 +21,14 @@ import torch
 from ..errors import UserError
 from ..linear.int8 import QMAX, quantize_per_token
 from ..schemes import Scheme
-from .awq import SEARCH_TOKENS, AWQTransform, block_error, fake_quantize, measured_copy, pick_alpha
+from .awq import AWQTransform, block_error, fake_quantize, measured_copy, pick_alpha
 from .awq_maps import ScaleGroup, map_for, mapped_architectures
 from .base import LayerTransform
 
 GRID = 11
+# Calibration tokens (whole samples) the alpha search runs each block on; max|x| uses every token. A quarter of
+# AWQ's budget: the search is most of the cost (12 block runs per scale group) and W8A8's error is smooth in alpha.
+SEARCH_TOKENS = 512
 _FLOOR = 1e-5  # max|x| and max|w| floors: a dead channel keeps a finite, non-zero scale
 
 
