@@ -112,5 +112,9 @@ def nvfp4_global_scale(amax: torch.Tensor) -> torch.Tensor:
 def nvfp4_group_scale(amax: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
     """The E4M3 group scale (as float32) mapping amax onto 6 under global_scale, never below E4M3's smallest
     value (an all-zero group then quantises to zeros, not 0/0)."""
-    s = (amax.float() * global_scale.float() / E2M1_MAX).clamp(E4M3_MIN_SUBNORMAL, e4m3.E4M3_MAX)
-    return s.to(e4m3.FP8).float().clamp(min=E4M3_MIN_SUBNORMAL)
+    return e4m3_scale(amax.float() * global_scale.float() / E2M1_MAX)
+
+
+def e4m3_scale(s: torch.Tensor) -> torch.Tensor:
+    """s rounded to an E4M3 value (as float32), saturating at 448 and never below E4M3's smallest value."""
+    return s.float().clamp(E4M3_MIN_SUBNORMAL, e4m3.E4M3_MAX).to(e4m3.FP8).float().clamp(min=E4M3_MIN_SUBNORMAL)

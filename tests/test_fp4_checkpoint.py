@@ -23,7 +23,9 @@ def test_round_trip_layout_and_transformers_logits(tmp_path, scheme, method):
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     model = _model(seed=2)
-    with torch.no_grad():
+    with torch.no_grad():  # fused Linears of different ranges: nvfp4 global scales that must be shared
+        model.model.layers[0].self_attn.k_proj.weight.mul_(3.0)
+        model.model.layers[0].mlp.up_proj.weight.mul_(0.3)
         float_logits = model(IDS).logits
     res = _quantize(tmp_path / "out", model, {"scheme": scheme, "method": method})
     with torch.no_grad():
@@ -48,7 +50,14 @@ def test_round_trip_layout_and_transformers_logits(tmp_path, scheme, method):
             assert scale.dtype == torch.uint8 and scale.shape == (64, 4)
     ours = quantkit.load(tmp_path / "out", dtype=torch.float32)
     assert sum(isinstance(m, FP4Linear) for m in ours.modules()) == 14
-    assert torch.equal(ours.get_submodule(P).dequantized_weight(), res.qweights[P].dequantize())
+    for name, qw in res.qweights.items():  # q/k/v and gate/up moved onto one global scale without a change
+        assert torch.equal(ours.get_submodule(name).dequantized_weight(), qw.dequantize())
+    if scheme == "nvfp4":
+        layer = ours.model.layers[0]
+        for part, fused in (("self_attn", ("q_proj", "k_proj", "v_proj")), ("mlp", ("gate_proj", "up_proj"))):
+            stored = {float(layer.get_submodule(f"{part}.{f}").weight_global_scale) for f in fused}
+            own = {float(res.qweights[f"model.layers.0.{part}.{f}"].global_scale) for f in fused}
+            assert stored == {min(own)} and len(own) > 1
     # transformers 5.24's default compressed path decompresses these Linears to bfloat16 on the fly, which a
     # float32 model then refuses (dtype mismatch); its dequantize=True path decompresses once at load
     ext = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32,

@@ -8,6 +8,8 @@ column in the low nibble) and p.weight_scale ([out, in / group]).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .. import fp4
@@ -15,6 +17,8 @@ from ..qweight import QWeight
 from ..schemes import Scheme
 
 FORMATS = {"nvfp4": "nvfp4-pack-quantized", "mxfp4": "mxfp4-pack-quantized"}
+# Linears engines fuse into one matmul (vLLM's qkv_proj and gate_up_proj), by name under one parent module
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 def is_nvfp4(weights: dict) -> bool:
@@ -41,3 +45,33 @@ def fp4_weights_args(s: Scheme) -> dict:
 
 def fp4_format(s: Scheme) -> str:
     return FORMATS["nvfp4" if s.strategy == "tensor_group" else "mxfp4"]
+
+
+def share_global_scales(qweights: dict[str, QWeight]) -> dict[str, QWeight]:
+    """qweights with every fused set of NVFP4 Linears (FUSED) on one global scale, the smallest of theirs.
+
+    An engine that fuses them reads one global scale for the fused matmul (vLLM takes the largest stored divisor
+    and warns), so separate ones would mis-scale all but one of them. The solver's global scales are powers of
+    two (fp4.nvfp4_global_scale), so moving a Linear to a smaller one multiplies its E4M3 group scales by a
+    power of two: exact while they stay E4M3 values, which fails only for groups whose absmax is below about
+    2^-7 of the largest group's times the ratio; those are rounded to E4M3 and counted in the Linear's stats."""
+    out = dict(qweights)
+    for name, qw in qweights.items():
+        parent, _, leaf = name.rpartition(".")
+        group = next((g for g in FUSED if leaf == g[0]), None)
+        members = [f"{parent}.{m}" if parent else m for m in group or ()]
+        fused = [qweights[m] for m in members if m in qweights and qweights[m].global_scale is not None]
+        if len(fused) < 2:
+            continue
+        shared = torch.stack([q.global_scale.float().reshape(()) for q in fused]).min().reshape(1)
+        for m in members:
+            q = qweights.get(m)
+            if q is None or q.global_scale is None:
+                continue
+            wanted = q.scale.float() * (shared / q.global_scale.float())
+            scale = fp4.e4m3_scale(wanted)
+            inexact = int((scale != wanted).sum())
+            out[m] = replace(q, scale=scale, global_scale=shared.clone(),
+                             stats={**q.stats, "global_scale_shared_with": members, "rescaled_inexact": inexact})
+    return out
+

@@ -13,6 +13,7 @@ import torch
 from ..qweight import QWeight
 from ..schemes import Scheme
 from .compressed_tensors import quantization_config, save_tensors, tensors_for
+from .fp4_tensors import share_global_scales
 from .moe_names import is_router, to_checkpoint
 from .output import OutputClaim
 
@@ -33,7 +34,7 @@ def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], ext
             continue  # restored by tie_weights at load; safetensors refuses shared storage anyway
         v = v.detach().cpu()
         out[k] = (v.to(dtype) if v.is_floating_point() and v.element_size() > 1 else v).contiguous()
-    for n, qw in qweights.items():
+    for n, qw in share_global_scales(qweights).items():
         out.update(tensors_for(n, qw, dtype))
     out.update({k: v.detach().cpu() for k, v in extra.items()})
     return out
