@@ -14,7 +14,7 @@ def _gb(n: float) -> str:
 def estimate(
     model: str = typer.Argument(..., help="config.json, a model folder, or a cached hub id."),
     gpu: str = typer.Option("h100", "--gpu", help="h100, h100-pcie, h200, a100, a100-40gb, l40s, l4, a10g, rtx4090, mi300x."),
-    precision: str = typer.Option("bf16,fp8,int4", "--precision", help="Comma list of bf16, fp16, fp8, int8, int4, nvfp4, mxfp4."),
+    precision: str = typer.Option("bf16,fp8,int4", "--precision", help="Comma list of bf16, fp16, fp8, int8, w8a8, int4, nvfp4, mxfp4 (int8: weight-only; w8a8: int8 activations too)."),
     context: int = typer.Option(4096, "--context", help="Tokens of context per sequence."),
     batch: int = typer.Option(1, "--batch", help="Sequences decoded together."),
     kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16, fp16 or fp8."),
@@ -36,11 +36,15 @@ def estimate(
         return
     t = Table(title=f"{model} on {gpu} ({result['params'] / 1e9:.2f}B params, context {context}, batch {batch}, "
                     f"KV {kv_dtype})")
-    for col in ("precision", "weights", "KV / token", "KV total", "GPUs", "tokens/s (1 stream)"):
+    for col in ("precision", "weights", "KV / token", "KV total", "GPUs", "tokens/s (1 stream)",
+                "prefill tokens/s (compute)"):
         t.add_column(col, justify="left" if col == "precision" else "right")
     for p, r in result["precisions"].items():
         t.add_row(p, _gb(r["weight_bytes"]), f"{r['kv_bytes_per_token'] / 1024:.0f} KiB", _gb(r["kv_bytes"]),
-                  str(r["gpus"]), f"{r['tokens_per_s']:.1f}")
+                  str(r["gpus"]), f"{r['tokens_per_s']:.1f}",
+                  "-" if r["prefill_tokens_per_s"] is None
+                  else f"{r['prefill_tokens_per_s']:.0f} ({r['prefill_compute']})")
     console.print(t)
     console.print(f"[dim]upper bounds: decode reads all weights and the KV cache once per step; "
-                  f"{result['usable_fraction']:.0%} of each GPU's memory counted as usable[/]")
+                  f"{result['usable_fraction']:.0%} of each GPU's memory counted as usable; prefill at the datasheet "
+                  f"tensor-core peak of the type the products run in[/]")

@@ -35,9 +35,25 @@ GPUS = {g.name: g for g in [
     GPU("mi300x", 192e9, 5.3e12),
 ]}
 
+# Dense (no sparsity) tensor-core peaks from the vendors' datasheets, in operations/s, by the type the products
+# run in; a GPU without a type's units is missing that key (A100: no FP8) and such precisions run in bf16.
+TENSOR_OPS = {
+    "h100": {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12},
+    "h100-pcie": {"bf16": 756e12, "fp8": 1513e12, "int8": 1513e12},
+    "h200": {"bf16": 989e12, "fp8": 1979e12, "int8": 1979e12},
+    "a100": {"bf16": 312e12, "int8": 624e12},
+    "a100-40gb": {"bf16": 312e12, "int8": 624e12},
+    "l40s": {"bf16": 362e12, "fp8": 733e12, "int8": 733e12},
+    "l4": {"bf16": 121e12, "fp8": 242e12, "int8": 242e12},
+    "mi300x": {"bf16": 1307e12, "fp8": 2615e12, "int8": 2615e12},
+}
+# The type a precision's products run in: weight-only schemes dequantise to bf16; fp8 (quantkit's fp8 schemes
+# quantise activations too) and w8a8 multiply 8-bit by 8-bit.
+COMPUTE = {"fp8": "fp8", "w8a8": "int8"}
+
 # Bits per stored weight of a quantised Linear, and whether a per-group (True) or per-channel scale comes with it.
 PRECISIONS = {"bf16": (16, None), "fp16": (16, None), "fp8": (8, "channel"), "int8": (8, "channel"),
-              "int4": (4, "group"), "nvfp4": (4, "nvfp4"), "mxfp4": (4, "mxfp4")}
+              "w8a8": (8, "channel"), "int4": (4, "group"), "nvfp4": (4, "nvfp4"), "mxfp4": (4, "mxfp4")}
 # FP4 formats fix their own groups and scale dtypes: (group size, bytes per group scale, bytes per Linear):
 # nvfp4 one E4M3 byte per 16 weights and a float32 global scale per Linear, mxfp4 one E8M0 byte per 32
 FP4_SCALES = {"nvfp4": (16, 1, 4), "mxfp4": (32, 1, 0)}
@@ -163,6 +179,19 @@ def active_weight_bytes(s: Shape, precision: str, group_size: int = 128) -> int:
     return full - (s.experts - s.active_experts) * per_expert
 
 
+def prefill_tokens_per_s(s: Shape, gpu: str, precision: str, gpus: int) -> tuple[float | None, str | None]:
+    """Compute-bound prefill: 2 operations per active Linear weight per prompt token at the tensor-core peak of
+    the type the precision multiplies in (attention's own products left out, so an upper bound); and that type."""
+    ops = TENSOR_OPS.get(gpu)
+    if ops is None:
+        return None, None
+    kind = COMPUTE.get(precision, "bf16")
+    kind = kind if kind in ops else "bf16"
+    active = s.layers * (sum(o * i for o, i in s.linear_shapes()[:4]) + sum(
+        o * i for o, i in s.linear_shapes()[4:7]) * s.active_experts)
+    return gpus * ops[kind] / (2 * active), kind
+
+
 def kv_bytes_per_token(s: Shape, kv_bytes: int = 2) -> int:
     return 2 * s.layers * s.kv_heads * s.head_dim * kv_bytes  # keys and values
 
@@ -194,8 +223,10 @@ def estimate(cfg: dict, gpu: str, precisions: list[str], context: int = 4096, ba
         # spreads those reads over the GPUs' combined bandwidth (the ideal case, so this is an upper bound).
         read = active_weight_bytes(s, p, group_size) + kv_total
         tps = gpus * g.bandwidth / read
+        prefill, kind = prefill_tokens_per_s(s, gpu, p, gpus)
         rows[p] = {"weight_bytes": wb, "kv_bytes_per_token": kv_tok, "kv_bytes": kv_total,
-                   "total_bytes": need, "gpus": gpus, "tokens_per_s": tps, "batch_tokens_per_s": tps * batch}
+                   "total_bytes": need, "gpus": gpus, "tokens_per_s": tps, "batch_tokens_per_s": tps * batch,
+                   "prefill_tokens_per_s": prefill, "prefill_compute": kind}
     return {"gpu": gpu, "gpu_memory_bytes": g.memory_bytes, "gpu_bandwidth": g.bandwidth,
             "usable_fraction": USABLE_FRACTION, "context": context, "batch": batch, "kv_dtype": kv_dtype,
             "group_size": group_size, "params": param_counts(s)["total"], "precisions": rows}
