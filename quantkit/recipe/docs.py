@@ -123,7 +123,8 @@ def _schemes() -> list[str]:
     lines = ["## Schemes", "", "| scheme | weights | default group | activations |", "|---|---|---|---|"]
     for name, s in PRESETS.items():
         group = "tensor" if s.strategy == "tensor" else ("per channel" if s.group_size == -1 else str(s.group_size))
-        acts = {None: "16-bit", "dynamic": "FP8, per token at run time", "static": "FP8, calibrated per tensor"}
+        kind = "INT8" if s.type == "int" else "FP8"
+        acts = {None: "16-bit", "dynamic": f"{kind}, per token at run time", "static": f"{kind}, calibrated per tensor"}
         lines.append(f"| `{name}` | {s.num_bits}-bit {s.type} | {group} | {acts[s.activations]} |")
     return lines + [""]
 
