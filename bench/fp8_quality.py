@@ -119,8 +119,10 @@ def build(label: str, model_path: str, calib, workdir: str):
     return quantkit.load(out, dtype=torch.float32), seconds
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def text_args(description: str, argv=None):
+    """The options every embedded-model quality bench shares (w8a8_quality.py too): the same calibration and
+    evaluation text by default, so their rows sit side by side; torch's thread count is set from them."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--calib", default=str(shipped_dir("calibration") / "texts" / "prose_calib.txt"),
                     help="calibration spec (quantkit.data.load_calibration); real prose by default")
     ap.add_argument("--samples", type=int, default=10, help="10 x 256 tokens is all the default file holds")
@@ -132,7 +134,11 @@ def main(argv=None) -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steady timings on a shared machine)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
+    return a
 
+
+def load_texts(a) -> tuple[str, list, list]:
+    """(the embedded model's folder, calibration samples, evaluation windows) for text_args' options."""
     from transformers import AutoTokenizer
 
     from quantkit.data import load_calibration, load_eval_windows
@@ -142,6 +148,12 @@ def main(argv=None) -> None:
     tok = AutoTokenizer.from_pretrained(model_path)
     calib = load_calibration(spec=a.calib, tokenizer=tok, num_samples=a.samples, seq_len=a.seq_len, seed=0).samples
     windows = list(load_eval_windows(a.eval, tok, seq_len=a.eval_seq_len, max_windows=a.max_windows))
+    return model_path, calib, windows
+
+
+def main(argv=None) -> None:
+    a = text_args(__doc__.split("\n")[0], argv)
+    model_path, calib, windows = load_texts(a)
     wanted = [w.strip().lower() for w in a.only.split("|")] if a.only else []
     labels = [lb for lb in ROWS if not wanted or any(w == lb.lower() or w in lb.lower() for w in wanted)]
     results = {}
