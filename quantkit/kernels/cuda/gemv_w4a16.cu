@@ -115,11 +115,14 @@ template <int M, typename T, bool PER_VEC>
 __device__ __forceinline__ void accumulate_vector(const uint4& q, int v, int local_word, int n,
                                                   const T* __restrict__ srow, const int32_t* __restrict__ zp,
                                                   const int32_t* __restrict__ g_idx, int groups, int group_size,
-                                                  const uint4* __restrict__ xs, float (&acc)[M]) {
+                                                  int vec_shift, const uint4* __restrict__ xs, float (&acc)[M]) {
   using P = typename PairOf<T>::type;
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
   Group<T> grp;
-  if (PER_VEC) grp = group_at<T>(group_size > 0 ? (v * 32) / group_size : 0, n, srow, zp, groups);
+  if (PER_VEC) {  // a shift for power-of-two groups (32, 64, 128, ...): no integer division in the loop
+    const int g = group_size <= 0 ? 0 : (vec_shift >= 0 ? v >> vec_shift : (v * 32) / group_size);
+    grp = group_at<T>(g, n, srow, zp, groups);
+  }
 #pragma unroll
   for (int t = 0; t < 4; ++t) {
     const int k0 = (v * 4 + t) * 8;
@@ -149,7 +152,7 @@ template <int M, typename T, bool PER_VEC>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_w4a16_kernel(const T* __restrict__ x, const int32_t* __restrict__ wp, const T* __restrict__ scale,
                       const int32_t* __restrict__ zp, const int32_t* __restrict__ g_idx, const T* __restrict__ bias,
-                      T* __restrict__ y, int n_rows, int k_cols, int groups, int group_size) {
+                      T* __restrict__ y, int n_rows, int k_cols, int groups, int group_size, int vec_shift) {
   __shared__ uint4 xs[M * kChunkWords];
   const int lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
@@ -181,7 +184,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int v = v_base + u * 32 + lane;
         if (v < vecs)
           accumulate_vector<M, T, PER_VEC>(buf[r][u], v, (v - v_base) * 4, n, scale + static_cast<int64_t>(n) * groups,
-                                           zp, g_idx, groups, group_size, xs, acc[r]);
+                                           zp, g_idx, groups, group_size, vec_shift, xs, acc[r]);
       }
     }
   }
@@ -210,6 +213,7 @@ struct Args {
   const void* bias;
   void* y;
   int n, k, groups, group_size;
+  int vec_shift;  // log2(group_size / 32) when group_size is a power of two >= 32, else -1
 };
 
 template <int M, typename T, bool PER_VEC>
@@ -218,7 +222,7 @@ cudaError_t launch(const Args& a, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((a.n + rows_per_block - 1) / rows_per_block);
   gemv_w4a16_kernel<M, T, PER_VEC><<<blocks, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(a.x), a.wp, static_cast<const T*>(a.scale), a.zp, a.g_idx, static_cast<const T*>(a.bias),
-      static_cast<T*>(a.y), a.n, a.k, a.groups, a.group_size);
+      static_cast<T*>(a.y), a.n, a.k, a.groups, a.group_size, a.vec_shift);
   return cudaGetLastError();
 }
 
@@ -248,7 +252,10 @@ extern "C" int qk_gemv_w4a16(const void* x, const int32_t* wp, const void* scale
                              int groups, int group_size, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (k % 32 != 0 || (g_idx == nullptr && group_size > 0 && group_size % 8 != 0)) return cudaErrorInvalidValue;
-  const Args a{x, wp, scale, zp, g_idx, bias, y, n, k, groups, group_size};
+  int vec_shift = -1;
+  for (int s = 0; group_size >= 32 && (32 << s) <= group_size; ++s)
+    if ((32 << s) == group_size) vec_shift = s;
+  const Args a{x, wp, scale, zp, g_idx, bias, y, n, k, groups, group_size, vec_shift};
   switch (dtype) {
     case qk::kHalf: return launch_rows<__half>(m, a, s);
     case qk::kBFloat16: return launch_rows<__nv_bfloat16>(m, a, s);
