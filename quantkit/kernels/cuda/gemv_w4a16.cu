@@ -111,15 +111,16 @@ __device__ __forceinline__ void dequant_word_gidx(uint32_t word, int k0, int n, 
   for (int t = 0; t < 4; ++t) w[t] = make_pair<T>(v[t], v[t + 4]);
 }
 
-template <int M, typename T, bool PER_VEC>
+template <int M, typename T>
 __device__ __forceinline__ void accumulate_vector(const uint4& q, int v, int local_word, int n,
                                                   const T* __restrict__ srow, const int32_t* __restrict__ zp,
                                                   const int32_t* __restrict__ g_idx, int groups, int group_size,
-                                                  int vec_shift, const uint4* __restrict__ xs, float (&acc)[M]) {
+                                                  int vec_shift, bool per_vec, const uint4* __restrict__ xs,
+                                                  float (&acc)[M]) {
   using P = typename PairOf<T>::type;
   const uint32_t words[4] = {q.x, q.y, q.z, q.w};
   Group<T> grp;
-  if (PER_VEC) {  // a shift for power-of-two groups (32, 64, 128, ...): no integer division in the loop
+  if (per_vec) {  // a shift for power-of-two groups (32, 64, 128, ...): no integer division in the loop
     const int g = group_size <= 0 ? 0 : (vec_shift >= 0 ? v >> vec_shift : (v * 32) / group_size);
     grp = group_at<T>(g, n, srow, zp, groups);
   }
@@ -130,7 +131,7 @@ __device__ __forceinline__ void accumulate_vector(const uint4& q, int v, int loc
     if (g_idx != nullptr) {
       dequant_word_gidx<T>(words[t], k0, n, srow, zp, g_idx, groups, w);
     } else {
-      if (!PER_VEC) grp = group_at<T>(group_size > 0 ? k0 / group_size : 0, n, srow, zp, groups);
+      if (!per_vec) grp = group_at<T>(group_size > 0 ? k0 / group_size : 0, n, srow, zp, groups);
       dequant_word<T>(words[t], grp, w);
     }
 #pragma unroll
@@ -148,11 +149,12 @@ __device__ __forceinline__ void stage(const T* __restrict__ x, int k_cols, int c
   }
 }
 
-template <int M, typename T, bool PER_VEC>
+template <int M, typename T>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_w4a16_kernel(const T* __restrict__ x, const int32_t* __restrict__ wp, const T* __restrict__ scale,
                       const int32_t* __restrict__ zp, const int32_t* __restrict__ g_idx, const T* __restrict__ bias,
-                      T* __restrict__ y, int n_rows, int k_cols, int groups, int group_size, int vec_shift) {
+                      T* __restrict__ y, int n_rows, int k_cols, int groups, int group_size, int vec_shift,
+                      bool per_vec) {
   __shared__ uint4 xs[M * kChunkWords];
   const int lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * kWarps + (threadIdx.x >> 5)) * kRowsPerWarp;
@@ -183,8 +185,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int u = 0; u < kUnroll; ++u) {
         const int v = v_base + u * 32 + lane;
         if (v < vecs)
-          accumulate_vector<M, T, PER_VEC>(buf[r][u], v, (v - v_base) * 4, n, scale + static_cast<int64_t>(n) * groups,
-                                           zp, g_idx, groups, group_size, vec_shift, xs, acc[r]);
+          accumulate_vector<M, T>(buf[r][u], v, (v - v_base) * 4, n, scale + static_cast<int64_t>(n) * groups, zp,
+                                  g_idx, groups, group_size, vec_shift, per_vec, xs, acc[r]);
       }
     }
   }
@@ -216,30 +218,25 @@ struct Args {
   int vec_shift;  // log2(group_size / 32) when group_size is a power of two >= 32, else -1
 };
 
-template <int M, typename T, bool PER_VEC>
+template <int M, typename T>
 cudaError_t launch(const Args& a, cudaStream_t stream) {
+  // one scale per 16-byte vector when a vector never straddles two groups (a uniform branch in the kernel)
+  const bool per_vec = a.g_idx == nullptr && (a.group_size <= 0 || a.group_size % 32 == 0);
   const int rows_per_block = kWarps * kRowsPerWarp;
   const unsigned blocks = static_cast<unsigned>((a.n + rows_per_block - 1) / rows_per_block);
-  gemv_w4a16_kernel<M, T, PER_VEC><<<blocks, kWarps * 32, 0, stream>>>(
+  gemv_w4a16_kernel<M, T><<<blocks, kWarps * 32, 0, stream>>>(
       static_cast<const T*>(a.x), a.wp, static_cast<const T*>(a.scale), a.zp, a.g_idx, static_cast<const T*>(a.bias),
-      static_cast<T*>(a.y), a.n, a.k, a.groups, a.group_size, a.vec_shift);
+      static_cast<T*>(a.y), a.n, a.k, a.groups, a.group_size, a.vec_shift, per_vec);
   return cudaGetLastError();
-}
-
-template <int M, typename T>
-cudaError_t launch_groups(const Args& a, cudaStream_t stream) {
-  // one scale per 16-byte vector when a vector never straddles two groups
-  const bool per_vec = a.g_idx == nullptr && (a.group_size <= 0 || a.group_size % 32 == 0);
-  return per_vec ? launch<M, T, true>(a, stream) : launch<M, T, false>(a, stream);
 }
 
 template <typename T>
 cudaError_t launch_rows(int m, const Args& a, cudaStream_t stream) {
   switch (m) {
-    case 1: return launch_groups<1, T>(a, stream);
-    case 2: return launch_groups<2, T>(a, stream);
-    case 3: return launch_groups<3, T>(a, stream);
-    case 4: return launch_groups<4, T>(a, stream);
+    case 1: return launch<1, T>(a, stream);
+    case 2: return launch<2, T>(a, stream);
+    case 3: return launch<3, T>(a, stream);
+    case 4: return launch<4, T>(a, stream);
     default: return cudaErrorInvalidValue;
   }
 }
