@@ -106,7 +106,7 @@ def _gemv_emulated(x, p, dtype, per_vec):
 def test_gemv_arithmetic_matches_float64(dtype, group_size, k, symmetric):
     p = make_packed(16, k, 4, group_size, symmetric, seed=k + group_size, scale_dtype=dtype)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(k)).to(dtype)
-    per_vec = group_size <= 0 or group_size % 32 == 0  # the kernel's PER_VEC choice
+    per_vec = group_size <= 0 or group_size % 32 == 0  # the kernel's per_vec choice
     y, w = _gemv_emulated(x, p, dtype, per_vec)
     # the dequantised pairs are the float64 weights rounded once, in the (t, t + 4) order of each word
     w64 = p.w64.reshape(16, k // 8, 8)
