@@ -11,7 +11,8 @@ from .errors import UserError
 from .formats.safetensors_header import read_header
 
 _BYTES = {"I32": 4, "F16": 2, "BF16": 2, "F32": 4, "F8_E4M3": 1, "I8": 1, "U8": 1, "I64": 8, "F64": 8}
-_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "input_scale")
+_SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "input_scale",
+             "weight_global_scale")
 
 
 def _headers(folder: Path) -> dict[str, dict]:
@@ -57,7 +58,9 @@ def inspect_checkpoint(folder) -> dict:
         sch = lm.get("scheme", {})
         if "weight_packed" in parts:
             out_f = parts["weight_packed"]["shape"][0]
-            in_f = parts["weight_packed"]["shape"][1] * (32 // sch.get("num_bits", default_bits))
+            # int32 words of 32 / bits codes, or (FP4) uint8 bytes of two
+            per = 2 if parts["weight_packed"]["dtype"] == "U8" else 32 // sch.get("num_bits", default_bits)
+            in_f = parts["weight_packed"]["shape"][1] * per
         else:
             parts["weight"] = heads[f"{prefix}.weight"]
             out_f, in_f = parts["weight"]["shape"]

@@ -10,6 +10,7 @@ from safetensors import safe_open
 
 import quantkit
 from quantkit.errors import UserError
+from quantkit.inspect_ckpt import inspect_checkpoint
 from quantkit.linear.fp4 import FP4Linear
 from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
@@ -48,6 +49,10 @@ def test_round_trip_layout_and_transformers_logits(tmp_path, scheme, method):
         else:
             assert keys == {f"{P}.weight_packed", f"{P}.weight_scale"}
             assert scale.dtype == torch.uint8 and scale.shape == (64, 4)
+    # inspect counts codes and every scale: 4 bits + 8 per 16 (+ 32 per tensor) or + 8 per 32
+    rows = {r["layer"]: r for r in inspect_checkpoint(tmp_path / "out")["layers"]}
+    assert rows[P]["shape"] == [64, 128]
+    assert rows[P]["bits_per_weight"] == round(4 + 8 / 16 + 32 / (64 * 128) if scheme == "nvfp4" else 4 + 8 / 32, 3)
     ours = quantkit.load(tmp_path / "out", dtype=torch.float32)
     assert sum(isinstance(m, FP4Linear) for m in ours.modules()) == 14
     for name, qw in res.qweights.items():  # q/k/v and gate/up moved onto one global scale without a change
