@@ -218,3 +218,27 @@ def test_unknown_fused_parameter_is_counted(tmp_path):
     model = tiny_moe("qwen3_moe", layers=1)
     with pytest.raises(UserError, match="gate_up_proj"):
         check_coverage(model, set(), ["lm_head"])
+
+
+@pytest.mark.parametrize("method,scheme", [("awq", "w4a16"), ("awq+gptq", "w4a16"), ("gptq", "fp8-dynamic")])
+def test_every_method_quantises_every_expert(tmp_path, cli, method, scheme):
+    """AWQ scales the shared expert and each expert's down (the router takes the norm's scale in float)."""
+    calib = ["--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32", "--awq-grid", "5"]
+    src, out = _quantize(cli, tmp_path, "qwen2_moe", "--method", method, "--scheme", scheme, *calib)
+    keys = _keys(out)
+    stored = ".weight_packed" if scheme == "w4a16" else ".weight_scale"
+    experts = [k for k in _keys(src) if ".experts." in k or ".shared_expert." in k]
+    assert experts and all(k.replace(".weight", stored) in keys for k in experts)
+    quant = quantkit.load(out, dtype=torch.float32)
+    with torch.no_grad():
+        ours = quant(IDS).logits
+    assert torch.isfinite(ours).all()
+    layers = json.loads((out / "quantkit.json").read_text())["layers"]
+    if method.startswith("awq"):
+        downs = [s for n, s in layers.items() if n.endswith("down_proj") and ".experts." in n]
+        scaled = [s for s in downs if s.get("awq_alpha") is not None]
+        assert len(scaled) >= len(downs) // 2
+        # the search keeps s = 1 unless a scale lowers the measured block's error on the calibration tokens
+        assert all(s["awq_block_error"] <= s["rtn_block_error"] for s in scaled)
+        gate_up = [s for n, s in layers.items() if n.endswith(("gate_proj", "up_proj"))]
+        assert all("awq_alpha" in s for s in gate_up)  # one shared scale for all experts and the shared expert

@@ -229,7 +229,7 @@ class AWQTransform(LayerTransform):
         full = {n: by_rel[n][0] for n in linears if n in by_rel}
         if not quantised:
             return
-        widths = {m.in_features for m in linears.values()}
+        widths = {m.weight.shape[-1] for m in linears.values()}  # a router is not an nn.Linear
         if len(widths) != 1 or prev_width(layer, group) not in widths:
             for n in full.values():  # e.g. v_proj -> o_proj under grouped-query attention
                 stats.setdefault(n, {}).update({self.STAT_ALPHA: None, self.STAT_ALPHA.replace("alpha", "note"):
@@ -238,6 +238,10 @@ class AWQTransform(LayerTransform):
             return
         block = layer.get_submodule(group.block)
         data = _capture_group(layer, block, linears[group.linears[0]], inputs, self.search_tokens)
+        if data.tokens == 0:  # an expert routing gave no calibration token: nothing to judge a scale by
+            for n in full.values():
+                stats.setdefault(n, {}).update({self.STAT_ALPHA: None, "awq_note": "no calibration tokens"})
+            return
         alpha, s, err, base = self._search(block, group, linears, quantised, data)
         if alpha is not None:
             fold_scales(layer, group, s, self.arch.norm_offset)
@@ -257,8 +261,8 @@ class AWQTransform(LayerTransform):
     def _search(self, block, group: ScaleGroup, linears: dict, quantised: dict, data: _GroupData):
         work, copies, originals, refs, power = measured_copy(block, group, linears, data)
         scale_dtype = self._scale_dtype(next(iter(linears.values())).weight.dtype)
-        gs = group_width(next(iter(quantised.values())), next(iter(linears.values())).in_features)
-        w_mean = weight_profile(list(originals.values()), gs) if self.duo else None
+        gs = group_width(next(iter(quantised.values())), next(iter(linears.values())).weight.shape[-1])
+        w_mean = weight_profile([originals[n] for n in quantised], gs) if self.duo else None
         x_mean = data.x_mean
 
         def error(s: torch.Tensor) -> float:
@@ -279,6 +283,8 @@ class AWQTransform(LayerTransform):
                  for m, (_, _, sch) in todo.items()}
         capture.feed_group(layer, list(todo), inputs, lambda m, x: grams[m].add(x))
         for m, (_, full, sch) in todo.items():
+            if grams[m].tokens == 0:  # an expert no calibration token reached keeps its full range
+                continue
             w = m.weight.data.float()
             ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, self._scale_dtype(m.weight.dtype))
             m.weight.data = apply_clip(w, ratio, sch).to(m.weight.dtype)

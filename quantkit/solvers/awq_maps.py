@@ -83,7 +83,34 @@ def _opt(config) -> ArchMap | None:
     return ArchMap(groups=tuple(groups), no_clip=("self_attn.q_proj", "self_attn.k_proj"))
 
 
+def _moe(router: str = "mlp.gate", shared: bool = False):
+    """Sparse MoE layers (experts split into Linears by models/moe.py). The post-attention norm feeds the router
+    and every expert's gate/up (and a shared expert and its gate): one scale shared by all of them, folded into
+    the routers' float weights too so routing is unchanged. Each expert's up feeds only its own down, so that
+    scale is per expert. The router comes first: it reads every token, so mean|x| is taken over all of them."""
+    def build(config) -> ArchMap:
+        from ..formats.moe_names import expert_names
+
+        n = expert_names(getattr(config, "model_type", None))
+        count = getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None)
+        experts = [f"mlp.experts.{e}" for e in range(count)]
+        ffn = [router] + [f"{x}.{p}" for x in experts for p in (n.gate, n.up)]
+        per_expert = [ScaleGroup(f"{x}.{n.up}", (f"{x}.{n.down}",), f"{x}.{n.down}") for x in experts]
+        if shared:
+            ffn += ["mlp.shared_expert_gate", "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"]
+            per_expert.append(ScaleGroup("mlp.shared_expert.up_proj", ("mlp.shared_expert.down_proj",),
+                                         "mlp.shared_expert.down_proj"))
+        attn = _llama_like()(config).groups[:2]
+        return ArchMap(groups=(*attn, ScaleGroup("post_attention_layernorm", tuple(ffn), "mlp"), *per_expert),
+                       no_clip=("self_attn.q_proj", "self_attn.k_proj"))
+    return build
+
+
 BUILDERS: dict[str, Callable] = {
+    "qwen3_moe": _moe(),
+    "olmoe": _moe(),
+    "mixtral": _moe(),
+    "qwen2_moe": _moe(shared=True),
     "llama": _llama_like(),
     "mistral": _llama_like(),
     "qwen2": _llama_like(),
