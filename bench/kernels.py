@@ -7,7 +7,7 @@
 2. Measures the device copy bandwidth (1 GiB device-to-device, read + write): the bandwidth each row is held to.
 3. For in x out 4096x4096, 4096x14336, 14336x4096, 8192x28672 and rows 1, 2, 4, 16, 64, 256 (W4, group 128,
    symmetric): cuBLAS fp16, torch._weight_int4pack_mm (bf16, its own layout), the Triton fused matmul, the CUDA
-   GEMV (rows <= 4) and Triton dequantise + cuBLAS. Each is timed inside a CUDA graph of back-to-back launches
+   GEMV (rows <= 4), the CUDA tensor-core GEMM (rows <= 64) and Triton dequantise + cuBLAS. Each is timed inside a CUDA graph of back-to-back launches
    (bench/gpu_timing.py), every launch on the next of a pool of weight copies larger than twice the L2.
 Prints a markdown table (us per call, GB/s of bytes that must move, fraction of copy bandwidth, speed-up over
 cuBLAS fp16) and, per shape, the row counts where each quantkit kernel stops winning: the dispatch thresholds
@@ -69,6 +69,13 @@ def quantkit_kernels() -> dict:
             return qc.gemv_w4a16(x, wp, sc.to(x.dtype), zp, gi, gs)
 
         kernels["cuda gemv"] = cuda_gemv
+
+        def cuda_tc(x, wp, sc, zp, gi, gs, bits):
+            if not qc.tc_supported(x.shape[-1], gs, gi is not None, bits, x.shape[0], x.dtype):
+                return None
+            return qc.gemm_w4a16_tc(x, wp, sc.to(x.dtype), zp, gs)
+
+        kernels["cuda tensor cores"] = cuda_tc
     except Exception as e:  # noqa: BLE001
         print(f"CUDA kernels unavailable: {e}")
     return kernels
@@ -149,6 +156,11 @@ def shape_rows(k, n, kernels, bw, launches, gen):
             from quantkit.kernels.cuda import gemv_w4a16
 
             calls.append(("cuda gemv", lambda i: gemv_w4a16(xs[i % 4], *packs[i % p4], None, None, GROUP), p4, q_bytes))
+        if "cuda tensor cores" in kernels and rows <= 64:
+            from quantkit.kernels.cuda import gemm_w4a16_tc
+
+            calls.append(("cuda tensor cores", lambda i: gemm_w4a16_tc(xs[i % 4], *packs[i % p4], None, GROUP), p4,
+                          q_bytes))
         if "triton fused" in kernels:
             def deq_mm(i):
                 dequantize_int(*packs[i % p4], None, None, GROUP, 4, k, out=buf)
@@ -170,7 +182,8 @@ def print_shape(k, n, rows_out, bw):
     best = {}
     for rows, name, us, _, _ in rows_out:
         best.setdefault(rows, {})[name] = us
-    for kernel, rival in (("triton fused", "triton dequant + cuBLAS"), ("cuda gemv", "triton fused")):
+    for kernel, rival in (("triton fused", "triton dequant + cuBLAS"), ("cuda gemv", "triton fused"),
+                          ("cuda tensor cores", "triton fused")):
         wins = [r for r, t in best.items() if kernel in t and rival in t and t[kernel] < t[rival]]
         print(f"<!-- {k}x{n}: {kernel} beats {rival} at rows {wins or 'none'} -->")
 

@@ -23,7 +23,7 @@ def _nvcc() -> str:
 
 
 def test_cuda_sources_exist():
-    assert {p.name for p in CU_FILES} >= {"dequant.cu", "gemv_w4a16.cu"}
+    assert {p.name for p in CU_FILES} >= {"dequant.cu", "gemv_w4a16.cu", "gemm_w4a16_tc.cu"}
 
 
 @pytest.mark.parametrize("source", CU_FILES, ids=lambda p: p.name)

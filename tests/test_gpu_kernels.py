@@ -1,4 +1,5 @@
-"""The CUDA and Triton kernels on a real GPU against the float64 truth: every supported row count, dtype, group
+"""The CUDA and Triton kernels on a real GPU against the float64 truth (the GEMV at 1-4 rows, the tensor-core GEMM
+at 1-64): every supported row count, dtype, group
 size (vector-aligned, per-word and act-order), zero points or not; dequantisation exact; the ops inside a
 compiled graph; the dispatcher's CUDA choices. Collected everywhere, run where a GPU is (bench/gpu_check.sh)."""
 import os
@@ -45,6 +46,21 @@ def test_cuda_gemv_matches_float64(dtype, group_size, g_idx, symmetric):
         y = qc.gemv_w4a16(x.cuda(), wp, sc, zp, gi, group_size, bias.cuda())
         assert y.dtype == dtype and y.shape == (rows, N)
         _close(y.float() - bias.cuda().float(), x, p, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("group_size", [32, 128, -1])
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_cuda_tensor_core_gemm_matches_float64(dtype, group_size, symmetric):
+    from quantkit.kernels import cuda as qc
+
+    p = make_packed(N, K, 4, group_size, symmetric, seed=group_size + 11, scale_dtype=dtype)
+    wp, sc, zp, _ = _cuda(p, dtype)
+    for rows in (1, 5, 16, 17, 33, 64):
+        x = torch.randn(rows, K, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        y = qc.gemm_w4a16_tc(x.cuda(), wp, sc, zp, group_size)
+        assert y.dtype == dtype and y.shape == (rows, N)
+        _close(y, x, p, dtype)
 
 
 @pytest.mark.parametrize("out_dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -111,10 +127,13 @@ def test_triton_on_gpu_reads_no_scale_past_the_end(group_size, variant, rows):
     _close(y, x, p, torch.float16)
 
 
-@pytest.mark.parametrize("rows,expected", [(1, "cuda-gemv"), (4, "cuda-gemv"), (8, "triton-gemm"),
-                                           (100, "triton-dequant-matmul")])
-def test_dispatch_on_cuda(monkeypatch, rows, expected):
+@pytest.mark.parametrize("rows,expected,forced", [(1, "cuda-gemv", None), (4, "cuda-gemv", None),
+                                                  (8, "triton-gemm", None), (100, "triton-dequant-matmul", None),
+                                                  (24, "cuda-tc", "cuda"), (100, "cuda-dequant-matmul", "cuda")])
+def test_dispatch_on_cuda(monkeypatch, rows, expected, forced):
     monkeypatch.delenv(dispatch.ENV, raising=False)
+    if forced:
+        monkeypatch.setenv(dispatch.ENV, forced)
     if os.environ.get("TRITON_INTERPRET") == "1" and expected.startswith("triton"):
         pytest.skip("Triton is in interpreter mode here")
     p = make_packed(N, K, 4, 128, False, seed=8, scale_dtype=torch.float16)

@@ -118,3 +118,16 @@ def test_gemv_arithmetic_matches_float64(dtype, group_size, k, symmetric):
     # accumulates in float32. Relative to the output's magnitude.
     tol = 3e-3 if dtype == torch.float16 else 1.5e-2
     assert (y.double() - truth).abs().max() <= tol * truth.abs().max()
+
+
+def test_tensor_core_gemm_puts_the_pairs_back_in_column_order():
+    """gemm_w4a16_tc.cu stores a word's pairs (t, t+4) in column order with four byte permutes
+    (w4_pairs.cuh's in_column_order): (c0,c1) (c2,c3) (c4,c5) (c6,c7)."""
+    words = np.random.default_rng(5).integers(0, 2**32, size=64, dtype=np.uint64).astype(np.uint32)
+    magic, base = MAGIC[torch.float16]
+    pairs = [((words >> (4 * t)) & LOW) | magic for t in range(4)]  # (c_t, c_{t+4}) + base
+    out = [_byte_perm(pairs[0], pairs[1], PAIR_LO), _byte_perm(pairs[2], pairs[3], PAIR_LO),
+           _byte_perm(pairs[0], pairs[1], PAIR_HI), _byte_perm(pairs[2], pairs[3], PAIR_HI)]
+    got = torch.stack([torch.stack(_halves(o, torch.float16), dim=1) for o in out], dim=1).reshape(64, 8)
+    codes = torch.from_numpy(np.stack([(words >> (4 * j)) & 0xF for j in range(8)], axis=1).astype(np.float64))
+    assert torch.equal(got.double() - base, codes)

@@ -58,6 +58,9 @@ def test_fakes_propagate_shapes_and_dtypes(ops, dtype, rows):
         assert (tuple(w.shape), w.dtype) == ((48, 256), torch.float32)
         out = torch.empty(48, 256, dtype=dtype, device="cuda")
         assert ops.dequant_int_out(wp, sc, zp, None, 4, 64, out) is None
+        big = torch.empty(rows * 16, 256, dtype=dtype, device="cuda")
+        t = ops.gemm_w4a16_tc(big, wp, sc, zp, b, 64)
+        assert (tuple(t.shape), t.dtype) == ((rows * 16, 48), dtype)
         f8 = torch.empty(48, 256, dtype=torch.float8_e4m3fn, device="cuda")
         d = ops.dequant_fp8(f8, torch.empty(48, device="cuda"), torch.bfloat16)
         assert (tuple(d.shape), d.dtype) == ((48, 256), torch.bfloat16)
@@ -73,6 +76,10 @@ def test_fakes_refuse_shapes_the_kernel_cannot_take(ops):
             ops.gemv_w4a16(torch.empty(5, 256, dtype=torch.float16, device="cuda"), wp, sc, zp, None, b, 64)
         with pytest.raises(UserError, match="scale columns"):
             ops.gemv_w4a16(x, wp, sc, zp, None, b, 32)
+        with pytest.raises(UserError, match="tensor-core W4A16 GEMM takes 1-64"):
+            ops.gemm_w4a16_tc(torch.empty(65, 256, dtype=torch.float16, device="cuda"), wp, sc, zp, b, 64)
+        with pytest.raises(UserError, match="group_size % 32 == 0"):
+            ops.gemm_w4a16_tc(x, wp, torch.empty(48, 32, dtype=torch.float16, device="cuda"), None, b, 8)
         with pytest.raises(UserError, match="weight_zero_point must be packed"):
             ops.gemv_w4a16(x, wp, sc, torch.empty(2, 4, dtype=torch.int32, device="cuda"), None, b, 64)
 

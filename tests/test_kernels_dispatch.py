@@ -135,8 +135,12 @@ def test_forced_cuda_needs_the_ops_on_a_cuda_device():
     for device, ok in (("cpu", True), ("cuda", False)):
         with pytest.raises(UserError, match="QUANTKIT_KERNEL=cuda"):
             dispatch.decide(device, 1, torch.float16, m, "cuda", cuda_ok=ok, triton_ok=True)
-    got = dispatch.decide("cuda", 9, torch.float16, m, "cuda", cuda_ok=True, triton_ok=True)
-    assert got == "cuda-dequant-matmul"  # more rows than the GEMV takes
+    assert dispatch.decide("cuda", 9, torch.float16, m, "cuda", cuda_ok=True, triton_ok=True) == "cuda-tc"
+    assert dispatch.decide("cuda", 65, torch.float16, m, "cuda", cuda_ok=True, triton_ok=True) == "cuda-dequant-matmul"
+    m.weight_g_idx = torch.zeros(128, dtype=torch.int32)  # act-order: the tensor-core GEMM does not take it
+    assert dispatch.decide("cuda", 9, torch.float16, m, "cuda", cuda_ok=True, triton_ok=True) == "cuda-dequant-matmul"
+    # unforced, the unmeasured tensor-core GEMM is never chosen
+    assert dispatch.decide("cuda", 9, torch.float16, m, None, cuda_ok=True, triton_ok=True) == "triton-gemm"
 
 
 def test_bad_env_and_inputs(monkeypatch):

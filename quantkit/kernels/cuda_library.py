@@ -26,10 +26,13 @@ SCHEMAS = {
     "dequant_int_out": "dequant_int_out(Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, "
                        "Tensor? g_idx, int bits, int group_size, Tensor(a!) out) -> ()",
     "dequant_fp8": "dequant_fp8(Tensor weight, Tensor weight_scale, ScalarType dtype) -> Tensor",
+    "gemm_w4a16_tc": "gemm_w4a16_tc(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, "
+                     "Tensor? bias, int group_size) -> Tensor",
 }
-SOURCES = ("binding.cpp", "dequant.cu", "gemv_w4a16.cu")
+SOURCES = ("binding.cpp", "dequant.cu", "gemv_w4a16.cu", "gemm_w4a16_tc.cu")
 SOURCE_DIR = Path(__file__).parent / "cuda"
 GEMV_MAX_ROWS = 4
+TC_MAX_ROWS = 64
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 VECTOR_LOADED = ("x", "weight_packed")  # read with 16-byte loads by the GEMV
@@ -74,6 +77,7 @@ def register_fakes() -> None:
     torch.library.register_fake(f"{NAMESPACE}::dequant_int")(_dequant_int_fake)
     torch.library.register_fake(f"{NAMESPACE}::dequant_int_out")(_dequant_int_out_fake)
     torch.library.register_fake(f"{NAMESPACE}::dequant_fp8")(_dequant_fp8_fake)
+    torch.library.register_fake(f"{NAMESPACE}::gemm_w4a16_tc")(_tc_fake)
 
 
 def gemv_supported(in_features: int, group_size: int, g_idx_present: bool, bits: int, rows: int,
@@ -81,6 +85,13 @@ def gemv_supported(in_features: int, group_size: int, g_idx_present: bool, bits:
     """The GEMV's preconditions: 4 bits, 1-4 half/bf16 rows, K % 32 == 0 (16-byte loads), groups of 8n codes."""
     return (bits == 4 and 1 <= rows <= GEMV_MAX_ROWS and dtype in HALF_DTYPES and in_features % 32 == 0
             and (group_size <= 0 or group_size % 8 == 0 or g_idx_present))
+
+
+def tc_supported(in_features: int, group_size: int, g_idx_present: bool, bits: int, rows: int,
+                 dtype: torch.dtype) -> bool:
+    """The tensor-core GEMM's preconditions: 4 bits, 1-64 half/bf16 rows, K % 32 == 0, groups of 32n, no g_idx."""
+    return (bits == 4 and 1 <= rows <= TC_MAX_ROWS and dtype in HALF_DTYPES and in_features % 32 == 0
+            and not g_idx_present and (group_size <= 0 or group_size % 32 == 0))
 
 
 def _need(ok: bool, message: str) -> None:
@@ -114,16 +125,24 @@ def _check_common(named: dict, cuda: bool) -> None:
         _need(t is None or t.dtype == torch.int32, f"{name} must be int32, got {t.dtype if t is not None else None}")
 
 
-def check_gemv(x, weight_packed, weight_scale, weight_zero_point, g_idx, bias, group_size, *, cuda=True):
-    """Raise UserError naming the first argument the GEMV cannot take; metadata only (no sync, no copy)."""
+def check_gemv(x, weight_packed, weight_scale, weight_zero_point, g_idx, bias, group_size, *, cuda=True,
+               tensor_cores=False):
+    """Raise UserError naming the first argument the GEMV (or, with tensor_cores, the tensor-core GEMM) cannot
+    take; metadata only (no sync, no copy)."""
     _check_common({"x": x, "weight_packed": weight_packed, "scale": weight_scale,
                    "weight_zero_point": weight_zero_point, "g_idx": g_idx, "bias": bias}, cuda)
     _need(x.dim() == 2, f"x must be 2-D [rows, in_features], got shape {tuple(x.shape)}")
     m, k = x.shape
     n = weight_packed.shape[0]
-    _need(gemv_supported(k, group_size, g_idx is not None, 4, m, x.dtype),
-          f"the W4A16 GEMV takes 1-{GEMV_MAX_ROWS} float16/bfloat16 rows with in_features % 32 == 0 and group_size "
-          f"% 8 == 0 (got rows={m}, dtype={x.dtype}, in_features={k}, group_size={group_size})")
+    if tensor_cores:
+        _need(tc_supported(k, group_size, g_idx is not None, 4, m, x.dtype),
+              f"the tensor-core W4A16 GEMM takes 1-{TC_MAX_ROWS} float16/bfloat16 rows, in_features % 32 == 0, "
+              f"group_size % 32 == 0 and no g_idx (got rows={m}, dtype={x.dtype}, in_features={k}, "
+              f"group_size={group_size}, g_idx={g_idx is not None})")
+    else:
+        _need(gemv_supported(k, group_size, g_idx is not None, 4, m, x.dtype),
+              f"the W4A16 GEMV takes 1-{GEMV_MAX_ROWS} float16/bfloat16 rows with in_features % 32 == 0 and "
+              f"group_size % 8 == 0 (got rows={m}, dtype={x.dtype}, in_features={k}, group_size={group_size})")
     _need(weight_packed.dim() == 2 and weight_packed.shape[1] * 8 == k,
           f"weight_packed must be [out, {k // 8}] for in_features={k}, got {tuple(weight_packed.shape)}")
     _check_groups(weight_scale, weight_zero_point, g_idx, n, k, group_size, 4)
@@ -163,6 +182,12 @@ def check_dequant_int(weight_packed, weight_scale, weight_zero_point, g_idx, bit
 
 def _gemv_fake(x, weight_packed, weight_scale, weight_zero_point, g_idx, bias, group_size):
     check_gemv(x, weight_packed, weight_scale, weight_zero_point, g_idx, bias, group_size, cuda=False)
+    return x.new_empty(x.shape[0], weight_packed.shape[0])
+
+
+def _tc_fake(x, weight_packed, weight_scale, weight_zero_point, bias, group_size):
+    check_gemv(x, weight_packed, weight_scale, weight_zero_point, None, bias, group_size, cuda=False,
+               tensor_cores=True)
     return x.new_empty(x.shape[0], weight_packed.shape[0])
 
 

@@ -1,8 +1,8 @@
 """Which kernel runs a quantised Linear: by device and row count, forced with QUANTKIT_KERNEL.
 
 CUDA: the CUDA C++ GEMV at 1-4 rows (4-bit, fp16/bf16), the Triton kernels up to TRITON_GEMM_MAX_ROWS rows,
-dequantise + cuBLAS above. CPU: torch's packed int4/int8 ops where they apply (one-time repack in prepare),
-else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
+dequantise + cuBLAS above; the CUDA tensor-core GEMM (5-64 rows) only with QUANTKIT_KERNEL=cuda until measured.
+CPU: torch's packed int4/int8 ops where they apply (one-time repack in prepare), else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
 activations (fp32/fp16 take a scalar path 100-300x slower than a float matmul, bench/kernels_cpu.py), so
 they are repacked for bfloat16 models (scale dtype) and used for bfloat16 activations only. Triton is only chosen on CPU when forced (interpreter).
 QUANTKIT_KERNEL=reference|triton|cuda|torch forces a family; `torch` means torch's own ops (CPU packed ops,
@@ -19,7 +19,7 @@ import torch
 
 from ..errors import UserError
 from . import cpu, reference
-from .cuda_library import GEMV_MAX_ROWS as CUDA_GEMV_MAX_ROWS, gemv_supported
+from .cuda_library import GEMV_MAX_ROWS as CUDA_GEMV_MAX_ROWS, gemv_supported, tc_supported
 
 log = logging.getLogger("quantkit.kernels")
 
@@ -125,7 +125,11 @@ def decide(device_type: str, rows: int, dtype: torch.dtype, module, forced: str 
     if forced == "cuda":
         if device_type != "cuda" or not cuda_ok:
             raise UserError(f"{ENV}=cuda needs a CUDA GPU with the quantkit CUDA kernels built; unset {ENV}")
-        return "cuda-gemv" if gemv_ok else "cuda-dequant-matmul"
+        if gemv_ok:
+            return "cuda-gemv"
+        # the tensor-core GEMM only when forced until bench/kernels.py has measured it against Triton
+        tc_ok = tc_supported(module.in_features, module.group_size, gi_present, module.bits, rows, dtype)
+        return "cuda-tc" if tc_ok else "cuda-dequant-matmul"
     if device_type == "cpu":
         # fp32/fp16 activations take the packed ops only when the loader opted in (runtime): they then run in
         # bf16, ~4e-3 relative error per product, far below W4's own error, for a 50-200x faster layer
@@ -198,11 +202,14 @@ def linear_forward(module, x: torch.Tensor) -> torch.Tensor:
         from .triton import wna16_matmul
 
         y = wna16_matmul(x2, wp, sc, zp, gi, gs, module.bits, bias, variant=path.split("-")[1])
-    elif path == "cuda-gemv":
-        from .cuda import gemv_w4a16
+    elif path in ("cuda-gemv", "cuda-tc"):
+        from .cuda import gemm_w4a16_tc, gemv_w4a16
 
         cwp, csc, czp, cgi, cbias = cuda_args(module, x.dtype)
-        y = gemv_w4a16(x2.contiguous(), cwp, csc, czp, cgi, gs, cbias)
+        if path == "cuda-gemv":
+            y = gemv_w4a16(x2.contiguous(), cwp, csc, czp, cgi, gs, cbias)
+        else:
+            y = gemm_w4a16_tc(x2.contiguous(), cwp, csc, czp, gs, cbias)
     elif path in ("cpu-int4pack", "cpu-int8pack"):
         xb = x2.to(torch.bfloat16)
         y = cpu.int4_matmul(module._cpu_int4, xb) if path == "cpu-int4pack" else cpu.int8_matmul(module._cpu_int8, xb)

@@ -1,7 +1,7 @@
 // The quantkit:: CUDA ops, registered with TORCH_LIBRARY so that torch.compile keeps them in its graphs (their
 // fake implementations are registered from Python: quantkit/kernels/cuda_library.py, which holds the same
-// schemas). This file includes no CUDA kernels: it calls the extern "C" launchers in dequant.cu and
-// gemv_w4a16.cu on torch's current stream. Every precondition the kernels rely on is checked here, so a direct
+// schemas). This file includes no CUDA kernels: it calls the extern "C" launchers in dequant.cu,
+// gemv_w4a16.cu and gemm_w4a16_tc.cu on torch's current stream. Every precondition the kernels rely on is checked here, so a direct
 // torch.ops.quantkit call with bad arguments fails with a message instead of reading out of bounds.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -16,6 +16,9 @@ extern "C" int qk_dequant_int(const int32_t* wp, const void* scale, const int32_
                               void* stream);
 extern "C" int qk_dequant_fp8(const void* w, const float* scale, void* out, int dtype, int n, int k,
                               int per_channel, void* stream);
+extern "C" int qk_gemm_w4a16_tc(const void* x, const int32_t* wp, const void* scale, const int32_t* zp,
+                                const void* bias, void* y, int dtype, int m, int n, int k, int groups, int group_size,
+                                void* stream);
 extern "C" int qk_gemv_w4a16(const void* x, const int32_t* wp, const void* scale, const int32_t* zp,
                              const int32_t* g_idx, const void* bias, void* y, int dtype, int m, int n, int k,
                              int groups, int group_size, void* stream);
@@ -142,6 +145,36 @@ at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& wp, const at::Tenso
   return y;
 }
 
+at::Tensor gemm_w4a16_tc(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& scale,
+                         const std::optional<at::Tensor>& zp, const std::optional<at::Tensor>& bias,
+                         int64_t group_size) {
+  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 64,
+              "quantkit: tensor-core GEMM x must be a contiguous CUDA [1-64, in_features] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "quantkit: x: fp16 or bf16");
+  check_on(wp, x, "weight_packed");
+  check_on(scale, x, "weight_scale");
+  const int64_t m = x.size(0), k = x.size(1), n = wp.size(0);
+  TORCH_CHECK(k % 32 == 0 && wp.scalar_type() == at::kInt && wp.dim() == 2 && wp.size(1) * 8 == k,
+              "quantkit: needs in_features % 32 == 0 and weight_packed [out, in_features / 8] int32");
+  TORCH_CHECK(group_size <= 0 || group_size % 32 == 0, "quantkit: tensor-core GEMM needs group_size % 32 == 0");
+  TORCH_CHECK(aligned16(x) && aligned16(wp), "quantkit: x and weight_packed must be 16-byte aligned");
+  TORCH_CHECK(scale.scalar_type() == x.scalar_type(), "quantkit: weight_scale must have x's dtype");
+  const int groups = scale_groups(scale, n);
+  check_groups(groups, zp, std::nullopt, n, k, group_size, 4);
+  if (bias.has_value()) {
+    check_on(*bias, x, "bias");
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->numel() == n, "quantkit: bias must be [out] in x's dtype");
+  }
+  at::Tensor y = at::empty({m, n}, x.options());
+  const c10::cuda::CUDAGuard guard(x.device());
+  launched(qk_gemm_w4a16_tc(x.data_ptr(), wp.data_ptr<int32_t>(), scale.data_ptr(),
+                            opt_i32(zp, x, "weight_zero_point"), bias.has_value() ? bias->data_ptr() : nullptr,
+                            y.data_ptr(), dtype_code(x.scalar_type()), static_cast<int>(m), static_cast<int>(n),
+                            static_cast<int>(k), groups, static_cast<int>(group_size), stream_of(x)),
+           "gemm_w4a16_tc");
+  return y;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(quantkit, m) {
@@ -152,6 +185,8 @@ TORCH_LIBRARY(quantkit, m) {
   m.def("dequant_int_out(Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, "
         "Tensor? g_idx, int bits, int group_size, Tensor(a!) out) -> ()");
   m.def("dequant_fp8(Tensor weight, Tensor weight_scale, ScalarType dtype) -> Tensor");
+  m.def("gemm_w4a16_tc(Tensor x, Tensor weight_packed, Tensor weight_scale, Tensor? weight_zero_point, "
+        "Tensor? bias, int group_size) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(quantkit, CUDA, m) {
@@ -159,4 +194,5 @@ TORCH_LIBRARY_IMPL(quantkit, CUDA, m) {
   m.impl("dequant_int", &dequant_int);
   m.impl("dequant_int_out", &dequant_int_out);
   m.impl("dequant_fp8", &dequant_fp8);
+  m.impl("gemm_w4a16_tc", &gemm_w4a16_tc);
 }

@@ -11,40 +11,22 @@
 // - each warp owns kRowsPerWarp output rows and keeps kRowsPerWarp * kUnroll 16-byte loads in flight before any
 //   arithmetic; a shuffle reduction finishes each row.
 // Preconditions (checked by binding.cpp): K % 32 == 0, group_size % 8 == 0 or <= 0, x and weights 16-byte aligned.
-#include <cstring>
-
-#include "qk_common.cuh"
+#include "w4_pairs.cuh"
 
 namespace {
+
+using qk::bits_to_pair;
+using qk::dequant_word;
+using qk::Group;
+using qk::group_at;
+using qk::make_pair;
+using qk::PairOf;
 
 constexpr int kWarps = 8;
 constexpr int kRowsPerWarp = 2;
 constexpr int kUnroll = 4;
 constexpr int kChunkCols = 32 * kUnroll * 32;  // lanes x vectors per lane x codes per vector
 constexpr int kChunkWords = kChunkCols / 8;
-
-template <typename T> struct PairOf;
-template <> struct PairOf<__half> {
-  using type = __half2;
-  static constexpr uint32_t magic = qk::kHalfMagic;
-  static constexpr float base = qk::kHalfBase;
-};
-template <> struct PairOf<__nv_bfloat16> {
-  using type = __nv_bfloat162;
-  static constexpr uint32_t magic = qk::kBf16Magic;
-  static constexpr float base = qk::kBf16Base;
-};
-
-template <typename P> __device__ __forceinline__ P bits_to_pair(uint32_t u) {
-  P p;
-  memcpy(&p, &u, sizeof(p));
-  return p;
-}
-template <typename T> __device__ __forceinline__ typename PairOf<T>::type make_pair(float a, float b);
-template <> __device__ __forceinline__ __half2 make_pair<__half>(float a, float b) { return __floats2half2_rn(a, b); }
-template <> __device__ __forceinline__ __nv_bfloat162 make_pair<__nv_bfloat16>(float a, float b) {
-  return __floats2bfloat162_rn(a, b);
-}
 
 // The dot of four weight pairs with four activation pairs: half2 FMAs for fp16, float FMAs for bf16.
 __device__ __forceinline__ float dot4(const __half2 (&w)[4], const uint4& xv) {
@@ -70,29 +52,6 @@ __device__ __forceinline__ float dot4(const __nv_bfloat162 (&w)[4], const uint4&
 __device__ __forceinline__ uint4 repair(const uint4& r) {
   return make_uint4(__byte_perm(r.x, r.z, qk::kPairLo), __byte_perm(r.x, r.z, qk::kPairHi),
                     __byte_perm(r.y, r.w, qk::kPairLo), __byte_perm(r.y, r.w, qk::kPairHi));
-}
-
-template <typename T> struct Group {
-  typename PairOf<T>::type scale, base_zero;  // (s, s) and (base + zero, base + zero)
-};
-
-template <typename T>
-__device__ __forceinline__ Group<T> group_at(int g, int n, const T* __restrict__ srow, const int32_t* __restrict__ zp,
-                                             int groups) {
-  const float zero = zp != nullptr ? static_cast<float>(qk::zero_code<4>(zp, n, g, groups)) : 8.0f;
-  const T s = srow[g];
-  return {make_pair<T>(qk::to_f32(s), qk::to_f32(s)), make_pair<T>(PairOf<T>::base + zero, PairOf<T>::base + zero)};
-}
-
-// w[t] = (code_t - zero, code_{t+4} - zero) * scale, exact up to the one rounding of the product.
-template <typename T>
-__device__ __forceinline__ void dequant_word(uint32_t word, const Group<T>& grp, typename PairOf<T>::type (&w)[4]) {
-  using P = typename PairOf<T>::type;
-#pragma unroll
-  for (int t = 0; t < 4; ++t) {
-    const P biased = bits_to_pair<P>(qk::and_or(word >> (4 * t), qk::kLowNibbles, PairOf<T>::magic));
-    w[t] = __hmul2(__hsub2(biased, grp.base_zero), grp.scale);
-  }
 }
 
 // act-order: each code has its own group; the pairs keep the (t, t+4) order.

@@ -7,9 +7,11 @@ from __future__ import annotations
 import torch
 
 from ...formats.pack import unpacked_width
-from ..cuda_library import GEMV_MAX_ROWS, check_dequant_int, check_gemv, gemv_supported, load_extension
+from ..cuda_library import (GEMV_MAX_ROWS, TC_MAX_ROWS, check_dequant_int, check_gemv, gemv_supported,
+                            load_extension, tc_supported)
 
-__all__ = ["load", "gemv_w4a16", "dequantize_int", "dequantize_fp8", "gemv_supported", "GEMV_MAX_ROWS"]
+__all__ = ["load", "gemv_w4a16", "gemm_w4a16_tc", "dequantize_int", "dequantize_fp8", "gemv_supported",
+           "tc_supported", "GEMV_MAX_ROWS", "TC_MAX_ROWS"]
 
 
 def load() -> None:
@@ -23,6 +25,16 @@ def gemv_w4a16(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch
     x2 = x.reshape(-1, x.shape[-1])
     check_gemv(x2, weight_packed, weight_scale, weight_zero_point, g_idx, bias, group_size)
     y = torch.ops.quantkit.gemv_w4a16(x2, weight_packed, weight_scale, weight_zero_point, g_idx, bias, group_size)
+    return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+def gemm_w4a16_tc(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor,
+                  weight_zero_point: torch.Tensor | None = None, group_size: int = 128,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor-core path: x [..., in] fp16/bf16 with at most 64 rows; no g_idx; group_size % 32 == 0."""
+    x2 = x.reshape(-1, x.shape[-1])
+    check_gemv(x2, weight_packed, weight_scale, weight_zero_point, None, bias, group_size, tensor_cores=True)
+    y = torch.ops.quantkit.gemm_w4a16_tc(x2, weight_packed, weight_scale, weight_zero_point, bias, group_size)
     return y.reshape(*x.shape[:-1], y.shape[-1])
 
 
