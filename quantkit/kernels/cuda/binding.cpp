@@ -114,19 +114,23 @@ at::Tensor dequant_fp8(const at::Tensor& w, const at::Tensor& scale, at::ScalarT
 
 bool aligned16(const at::Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0; }
 
-at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& scale,
-                      const std::optional<at::Tensor>& zp, const std::optional<at::Tensor>& g_idx,
-                      const std::optional<at::Tensor>& bias, int64_t group_size) {
-  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 4,
-              "quantkit: gemv x must be a contiguous CUDA [1-4, in_features] tensor");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "quantkit: gemv x: fp16 or bf16");
+// The checks both W4A16 products share; returns the scale's group count. max_rows and group_multiple are the
+// kernel's limits (the GEMV: 4 rows, groups of 8 codes; the tensor-core GEMM: 64 rows, groups of 32).
+int check_w4_product(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& scale,
+                     const std::optional<at::Tensor>& zp, const std::optional<at::Tensor>& g_idx,
+                     const std::optional<at::Tensor>& bias, int64_t group_size, int64_t max_rows,
+                     int64_t group_multiple) {
+  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= max_rows,
+              "quantkit: x must be a contiguous CUDA [1-", max_rows, ", in_features] tensor");
+  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "quantkit: x: fp16 or bf16");
   check_on(wp, x, "weight_packed");
   check_on(scale, x, "weight_scale");
-  const int64_t m = x.size(0), k = x.size(1), n = wp.size(0);
+  const int64_t k = x.size(1), n = wp.size(0);
   TORCH_CHECK(k % 32 == 0 && wp.scalar_type() == at::kInt && wp.dim() == 2 && wp.size(1) * 8 == k,
-              "quantkit: gemv needs in_features % 32 == 0 and weight_packed [out, in_features / 8] int32");
-  TORCH_CHECK(group_size <= 0 || group_size % 8 == 0 || g_idx.has_value(), "quantkit: gemv group_size % 8 != 0");
-  TORCH_CHECK(aligned16(x) && aligned16(wp), "quantkit: gemv x and weight_packed must be 16-byte aligned");
+              "quantkit: needs in_features % 32 == 0 and weight_packed [out, in_features / 8] int32");
+  TORCH_CHECK(group_size <= 0 || group_size % group_multiple == 0 || g_idx.has_value(),
+              "quantkit: group_size must be a multiple of ", group_multiple);
+  TORCH_CHECK(aligned16(x) && aligned16(wp), "quantkit: x and weight_packed must be 16-byte aligned");
   TORCH_CHECK(scale.scalar_type() == x.scalar_type(), "quantkit: weight_scale must have x's dtype");
   const int groups = scale_groups(scale, n);
   check_groups(groups, zp, g_idx, n, k, group_size, 4);
@@ -134,13 +138,21 @@ at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& wp, const at::Tenso
     check_on(*bias, x, "bias");
     TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->numel() == n, "quantkit: bias must be [out] in x's dtype");
   }
-  at::Tensor y = at::empty({m, n}, x.options());
+  return groups;
+}
+
+const void* opt_ptr(const std::optional<at::Tensor>& t) { return t.has_value() ? t->data_ptr() : nullptr; }
+
+at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& scale,
+                      const std::optional<at::Tensor>& zp, const std::optional<at::Tensor>& g_idx,
+                      const std::optional<at::Tensor>& bias, int64_t group_size) {
+  const int groups = check_w4_product(x, wp, scale, zp, g_idx, bias, group_size, 4, 8);
+  at::Tensor y = at::empty({x.size(0), wp.size(0)}, x.options());
   const c10::cuda::CUDAGuard guard(x.device());
-  launched(qk_gemv_w4a16(x.data_ptr(), wp.data_ptr<int32_t>(), scale.data_ptr(),
-                         opt_i32(zp, x, "weight_zero_point"), opt_i32(g_idx, x, "g_idx"),
-                         bias.has_value() ? bias->data_ptr() : nullptr, y.data_ptr(), dtype_code(x.scalar_type()),
-                         static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), groups,
-                         static_cast<int>(g_idx.has_value() ? -1 : group_size), stream_of(x)),
+  launched(qk_gemv_w4a16(x.data_ptr(), wp.data_ptr<int32_t>(), scale.data_ptr(), opt_i32(zp, x, "weight_zero_point"),
+                         opt_i32(g_idx, x, "g_idx"), opt_ptr(bias), y.data_ptr(), dtype_code(x.scalar_type()),
+                         static_cast<int>(x.size(0)), static_cast<int>(wp.size(0)), static_cast<int>(x.size(1)),
+                         groups, static_cast<int>(g_idx.has_value() ? -1 : group_size), stream_of(x)),
            "gemv_w4a16");
   return y;
 }
@@ -148,29 +160,13 @@ at::Tensor gemv_w4a16(const at::Tensor& x, const at::Tensor& wp, const at::Tenso
 at::Tensor gemm_w4a16_tc(const at::Tensor& x, const at::Tensor& wp, const at::Tensor& scale,
                          const std::optional<at::Tensor>& zp, const std::optional<at::Tensor>& bias,
                          int64_t group_size) {
-  TORCH_CHECK(x.is_cuda() && x.is_contiguous() && x.dim() == 2 && x.size(0) >= 1 && x.size(0) <= 64,
-              "quantkit: tensor-core GEMM x must be a contiguous CUDA [1-64, in_features] tensor");
-  TORCH_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "quantkit: x: fp16 or bf16");
-  check_on(wp, x, "weight_packed");
-  check_on(scale, x, "weight_scale");
-  const int64_t m = x.size(0), k = x.size(1), n = wp.size(0);
-  TORCH_CHECK(k % 32 == 0 && wp.scalar_type() == at::kInt && wp.dim() == 2 && wp.size(1) * 8 == k,
-              "quantkit: needs in_features % 32 == 0 and weight_packed [out, in_features / 8] int32");
-  TORCH_CHECK(group_size <= 0 || group_size % 32 == 0, "quantkit: tensor-core GEMM needs group_size % 32 == 0");
-  TORCH_CHECK(aligned16(x) && aligned16(wp), "quantkit: x and weight_packed must be 16-byte aligned");
-  TORCH_CHECK(scale.scalar_type() == x.scalar_type(), "quantkit: weight_scale must have x's dtype");
-  const int groups = scale_groups(scale, n);
-  check_groups(groups, zp, std::nullopt, n, k, group_size, 4);
-  if (bias.has_value()) {
-    check_on(*bias, x, "bias");
-    TORCH_CHECK(bias->scalar_type() == x.scalar_type() && bias->numel() == n, "quantkit: bias must be [out] in x's dtype");
-  }
-  at::Tensor y = at::empty({m, n}, x.options());
+  const int groups = check_w4_product(x, wp, scale, zp, std::nullopt, bias, group_size, 64, 32);
+  at::Tensor y = at::empty({x.size(0), wp.size(0)}, x.options());
   const c10::cuda::CUDAGuard guard(x.device());
   launched(qk_gemm_w4a16_tc(x.data_ptr(), wp.data_ptr<int32_t>(), scale.data_ptr(),
-                            opt_i32(zp, x, "weight_zero_point"), bias.has_value() ? bias->data_ptr() : nullptr,
-                            y.data_ptr(), dtype_code(x.scalar_type()), static_cast<int>(m), static_cast<int>(n),
-                            static_cast<int>(k), groups, static_cast<int>(group_size), stream_of(x)),
+                            opt_i32(zp, x, "weight_zero_point"), opt_ptr(bias), y.data_ptr(),
+                            dtype_code(x.scalar_type()), static_cast<int>(x.size(0)), static_cast<int>(wp.size(0)),
+                            static_cast<int>(x.size(1)), groups, static_cast<int>(group_size), stream_of(x)),
            "gemm_w4a16_tc");
   return y;
 }
