@@ -59,6 +59,9 @@ class Scheme:
 PRESETS: dict[str, Scheme] = {
     "w4a16": Scheme("w4a16", 4, "int", True, 128),
     "w8a16": Scheme("w8a16", 8, "int", True, -1),
+    # below 4 bits a group's one scale has to cover fewer weights to keep the error bounded: smaller default groups
+    "w3a16": Scheme("w3a16", 3, "int", True, 64),
+    "w2a16": Scheme("w2a16", 2, "int", True, 32),
     "fp8": Scheme("fp8", 8, "float", True, -1, activations="static", weight_strategy_override="tensor"),
     "fp8-dynamic": Scheme("fp8-dynamic", 8, "float", True, -1, activations="dynamic"),
     # weight-only FP4; the group sizes are the formats' own and cannot be changed

@@ -158,7 +158,10 @@ def dequantize_into(out: torch.Tensor, weight_packed, weight_scale, weight_zero_
     gi = None if contiguous else (g_idx.long() if g_idx is not None else torch.arange(k, device=out.device) // group_size)
     for r0 in range(0, n, _CHUNK_ROWS):
         r1 = min(n, r0 + _CHUNK_ROWS)
-        u = ((weight_packed[r0:r1].unsqueeze(-1) >> shifts) & mask).reshape(r1 - r0, -1)[:, :k].float()
+        if 32 % bits:  # 3-bit codes straddle words: the general unpacker
+            u = unpack_int32(weight_packed[r0:r1], bits, k).float() + (1 << (bits - 1))
+        else:
+            u = ((weight_packed[r0:r1].unsqueeze(-1) >> shifts) & mask).reshape(r1 - r0, -1)[:, :k].float()
         s = weight_scale[r0:r1].float().reshape(r1 - r0, groups)
         z = zero_u[r0:r1] if zero_u is not None else torch.full_like(s, float(1 << (bits - 1)))
         if contiguous:

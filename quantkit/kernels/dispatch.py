@@ -5,6 +5,7 @@ dequantise + cuBLAS above; the CUDA tensor-core GEMM (5-64 rows) only with QUANT
 CPU: torch's packed int4/int8 ops where they apply (one-time repack in prepare), else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
 activations (fp32/fp16 take a scalar path 100-300x slower than a float matmul, bench/kernels_cpu.py), so
 they are repacked for bfloat16 models (scale dtype) and used for bfloat16 activations only. Triton is only chosen on CPU when forced (interpreter).
+2/3-bit weights (dense packing, codes straddle words) have no fused kernel: dequantise + matmul everywhere.
 QUANTKIT_KERNEL=reference|triton|cuda|torch forces a family; `torch` means torch's own ops (CPU packed ops,
 or dequantise with PyTorch + matmul on GPU). The output dtype is always x.dtype.
 """
@@ -116,6 +117,8 @@ def decide(device_type: str, rows: int, dtype: torch.dtype, module, forced: str 
     gi_present = getattr(module, "weight_g_idx", None) is not None
     if forced == "reference":
         return "reference"
+    if module.bits not in (4, 8):  # 2/3 bits have no fused kernel on any device: dequantise, then a float matmul
+        return "torch-dequant-matmul"
     if forced == "triton":
         if not triton_ok:
             raise UserError(f"{ENV}=triton needs triton and a CUDA tensor (or TRITON_INTERPRET=1 on CPU); "

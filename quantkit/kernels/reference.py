@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..formats.pack import unpack_int32
+from ..formats.pack import unpack_int32, unpacked_width
 from ..qweight import dequantize_fp8, dequantize_int, group_index  # noqa: F401  (dequantize_fp8: the kernels' name)
 
 
@@ -21,8 +21,7 @@ def dequantize(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_z
                in_features: int | None = None) -> torch.Tensor:
     """float32 [out, in] from the checkpoint tensors exactly as written (packed zero points along dim 0)."""
     out_features = weight_packed.shape[0]
-    if in_features is None:
-        in_features = weight_packed.shape[1] * (32 // bits)
+    in_features = unpacked_width(weight_packed, bits, in_features)
     q = unpack_int32(weight_packed, bits, in_features)
     zero = None if weight_zero_point is None else unpack_zero_points(weight_zero_point, bits, out_features)
     return dequantize_int(q, weight_scale, zero, group_index(in_features, group_size, g_idx, q.device))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..formats.pack import packed_words
 from ..kernels import dispatch, reference
 
 
@@ -16,14 +17,13 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.bits, self.group_size = bits, group_size
-        per = 32 // bits
         groups = 1 if group_size == -1 else in_features // group_size
         kw = {"device": device}
-        self.register_buffer("weight_packed", torch.empty(out_features, -(-in_features // per), dtype=torch.int32, **kw))
+        self.register_buffer("weight_packed", torch.empty(out_features, packed_words(in_features, bits), dtype=torch.int32, **kw))
         self.register_buffer("weight_scale", torch.empty(out_features, groups, dtype=dtype, **kw))
         self.register_buffer("weight_shape", torch.tensor([out_features, in_features], dtype=torch.int32))
         self.register_buffer("weight_zero_point", None if symmetric else
-                             torch.empty(-(-out_features // per), groups, dtype=torch.int32, **kw))
+                             torch.empty(packed_words(out_features, bits), groups, dtype=torch.int32, **kw))
         self.register_buffer("weight_g_idx", torch.empty(in_features, dtype=torch.int32, **kw) if has_g_idx else None)
         self.cpu_bf16_activations = False  # set by the loader; see kernels.dispatch.choose
         self.bias = nn.Parameter(torch.empty(out_features, dtype=dtype, **kw), requires_grad=False) if bias else None
