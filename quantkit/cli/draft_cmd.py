@@ -28,6 +28,7 @@ def train_cmd(
     resume: bool = typer.Option(True, "--resume/--restart", help="continue from OUTPUT's saved training state if there is one"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype the target runs in: float32 (CPU default), float16, bfloat16"),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch"),
+    device: str = typer.Option("auto", "--device", help="auto (a CUDA GPU when torch sees one), cpu or cuda"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
     as_json: bool = typer.Option(False, "--json", help="print the training summary as JSON"),
 ) -> None:
@@ -46,7 +47,7 @@ def train_cmd(
             raise UserError(f"{name} must be at least 1, got {value}")
     opts = TrainOptions(steps=steps, batch_size=batch_size, lr=lr, seed=seed, eval_every=eval_every,
                         patience=patience, resume=resume)
-    kwargs = dict(data=data, samples=samples, seq_len=seq_len, opts=opts, dtype=dtype, threads=threads)
+    kwargs = dict(data=data, samples=samples, seq_len=seq_len, opts=opts, dtype=dtype, threads=threads, device=device)
     if quiet or as_json:
         result = train_draft_head(path, output, **kwargs)
     else:

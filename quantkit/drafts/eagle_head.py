@@ -156,7 +156,7 @@ def save_head(head: EagleHead, out) -> None:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = {name: t.detach().contiguous().cpu() for name, t in head.state_dict().items()}
+    state = {name: t.detach().float().contiguous().cpu() for name, t in head.state_dict().items()}
     save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / CONFIG).write_text(json.dumps(head.cfg, indent=2) + "\n")
 

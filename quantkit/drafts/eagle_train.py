@@ -2,8 +2,8 @@
 
 Each token sequence goes through the target once (no grad) for its final-norm features F and the distribution
 its head gives at every position. The head then learns, at every position j at once, to turn
-(embedding(x_j), F_{j-1}) into F_j: a smooth-L1 loss on the feature (EAGLE's regression) plus the cross-entropy
-of the target's distribution under the frozen output head applied to the predicted feature (what acceptance
+(embedding(x_j), F_{j-1}) into F_j: a smooth-L1 loss on the feature (EAGLE's regression) plus the KL divergence
+from the target's distribution to the one its frozen output head gives the predicted feature (what acceptance
 depends on). Nothing is sampled, so a step costs one pass of a one-layer head and the output head's products.
 The held-out split reports the same loss and top-1 agreement (the head's argmax equals the target's: the
 greedy acceptance rate of a one-token draft); training stops when the held-out loss stops improving, keeps the
@@ -52,7 +52,7 @@ def target_features(target, samples: list[torch.Tensor], batch_size: int) -> tor
     """[N, T, D] final-norm features of equal-length sequences, batch_size sequences per target forward."""
     out = []
     for i in range(0, len(samples), batch_size):
-        ids = torch.stack(samples[i: i + batch_size])
+        ids = torch.stack(samples[i: i + batch_size]).to(target.get_input_embeddings().weight.device)
         out.append(target.model(input_ids=ids).last_hidden_state.float())
     return torch.cat(out)
 
@@ -60,18 +60,19 @@ def target_features(target, samples: list[torch.Tensor], batch_size: int) -> tor
 def _loss(head: EagleHead, emb_w, w_out, ids, feats, opts: TrainOptions, gen=None):
     """(loss, top-1 agreement) over positions 1..T-1 of a batch: ids [B, T], feats [B, T, D]."""
     B, T = ids.shape
-    pos = torch.arange(1, T).expand(B, T - 1)
+    pos = torch.arange(1, T, device=ids.device).expand(B, T - 1)
     g = head(F.embedding(ids[:, 1:], emb_w), feats[:, :-1], pos)
     want = feats[:, 1:]
     reg = F.smooth_l1_loss(g, want)
     g2, w2 = g.reshape(-1, g.shape[-1]), want.reshape(-1, want.shape[-1])
     if gen is not None and g2.shape[0] > opts.cls_rows:
-        pick = torch.randperm(g2.shape[0], generator=gen)[: opts.cls_rows]
+        pick = torch.randperm(g2.shape[0], generator=gen)[: opts.cls_rows].to(g2.device)
         g2, w2 = g2[pick], w2[pick]
     with torch.no_grad():
-        p = (w2 @ w_out.T).softmax(-1)
+        logp = (w2 @ w_out.T).log_softmax(-1)
+        p = logp.exp()
     logq = (g2 @ w_out.T).log_softmax(-1)
-    cls = -(p * logq).sum(-1).mean()
+    cls = (p * (logp - logq)).sum(-1).mean()  # KL(target || head): 0 for a perfect head, unlike the cross-entropy
     agree = (logq.argmax(-1) == p.argmax(-1)).float().mean()
     return opts.reg_weight * reg + opts.cls_weight * cls, float(agree)
 
@@ -96,17 +97,18 @@ def train_head(target, samples: list[torch.Tensor], out_dir, opts: TrainOptions,
     torch.manual_seed(opts.seed)
     order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(opts.seed)).tolist()
     n_held = max(1, round(len(samples) * opts.heldout))
-    ids = torch.stack([samples[i] for i in order])
+    dev = target.get_input_embeddings().weight.device  # trained where the target runs (a GPU when it is on one)
+    ids = torch.stack([samples[i] for i in order]).to(dev)
     t0 = time.perf_counter()
     feats = target_features(target, list(ids), opts.batch_size)
     feature_s = time.perf_counter() - t0
     emb_w = target.get_input_embeddings().weight.detach().float()
     w_out = _head_matrix(target)
-    head = new_head(target, opts.seed, {"train_seq_len": int(ids.shape[1])}).train()
+    head = new_head(target, opts.seed, {"train_seq_len": int(ids.shape[1])}).to(dev).train()
     optim = torch.optim.AdamW(head.parameters(), lr=opts.lr, weight_decay=0.0)
     st = {"step": 0, "best": math.inf, "bad": 0, "history": [], "best_state": None, "gen": None}
     if opts.resume and (out / STATE).is_file():
-        saved = torch.load(out / STATE, weights_only=False)
+        saved = torch.load(out / STATE, weights_only=False, map_location="cpu")
         head.load_state_dict(saved["head"])
         optim.load_state_dict(saved["optim"])
         st = saved["state"]

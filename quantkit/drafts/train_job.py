@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from ..data.calibration import load_calibration
 from ..errors import UserError
 from ..runtime import build
@@ -11,16 +13,22 @@ from .eagle_train import TrainOptions, train_head
 
 def train_draft_head(path: str, out: str, *, data: str = "self", samples: int = 256, seq_len: int = 128,
                      opts: TrainOptions | None = None, dtype: str | None = None, threads: int | None = None,
-                     progress=None) -> dict:
+                     device: str | None = None, progress=None) -> dict:
     """Train an EAGLE head for the model at `path` (a quantkit checkpoint is loaded as the runtime serves it, so
     the head learns the quantised model's features) on `samples` sequences of `seq_len` tokens from `data`
     ('self': text the target samples itself; or a dataset name, file or folder the calibration loaders read)."""
     opts = opts or TrainOptions()
     if samples < 2 or seq_len < 8:
         raise UserError(f"--samples must be at least 2 and --seq-len at least 8 (got {samples}, {seq_len})")
+    from ..runtime.loader import load
+
     build.set_threads(threads)
     tok = build.load_tokenizer(path)
-    model = build.load_model(path, build.parse_dtype(dtype))
+    # the checkpoint's own modules, not the runtime's decode layout: that is tuned for a few rows per product,
+    # and training runs whole sequences through the target
+    device = build.resolve_device(device)
+    model = load(build.resolve_path(path), device=device, dtype=build.parse_dtype(dtype) or torch.float32,
+                 cpu_fast=False, relayout=False)
     model.requires_grad_(False)
     inner = getattr(model, "model", None)
     if not (hasattr(inner, "rotary_emb") and hasattr(inner, "norm")):
