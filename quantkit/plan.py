@@ -62,6 +62,7 @@ class Plan:
     needs_data: bool
     kv_scheme: dict | None = None
     awq: dict | None = None  # AWQ's options when the method scales first
+    signround: dict | None = None  # learned rounding's options (method signround)
     smooth: dict | None = None  # SmoothQuant's options when it runs before a w8a8 scheme
     storage_dtype: torch.dtype = torch.float32
     uncovered: list[Uncovered] = field(default_factory=list)  # matrix weights left in float, not ignored
@@ -176,10 +177,11 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
     schemes = schemes_for(model, recipe, group_size)
     uncovered = check_coverage(model, set(schemes), ignore_patterns(recipe))
     awq = q.awq.model_dump() if q.method in ("awq", "awq+gptq") else None
+    signround = q.signround.model_dump() if q.method == "signround" else None
     smooth = _smooth(q, schemes)
-    needs = awq is not None or smooth is not None or q.kv_cache is not None or any(
+    needs = awq is not None or signround is not None or smooth is not None or q.kv_cache is not None or any(
         solver_for(q.method, s).needs_data for s in schemes.values())
     return Plan(schemes=schemes, method=q.method, group_size=group_size, options=solver_options(recipe, storage),
                 needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq, smooth=smooth,
-                storage_dtype=storage, uncovered=uncovered,
+                storage_dtype=storage, uncovered=uncovered, signround=signround,
                 moe=q.moe.model_dump())

@@ -48,6 +48,9 @@ FLAG_FIELDS = {
     "seed": "calibration.seed", "calib_cut": "calibration.cut", "text_field": "calibration.text_field",
     "min_tokens": "calibration.min_tokens", "smooth": "quant.smooth", "smooth_alpha": "quant.smooth_alpha",
     "moe_calibrate_all": "quant.moe.calibrate_all_experts", "moe_min_tokens": "quant.moe.min_tokens",
+    "signround_iters": "quant.signround.iters", "signround_lr": "quant.signround.lr",
+    "signround_batch": "quant.signround.batch", "signround_clip": "quant.signround.clip",
+    "signround_holdout": "quant.signround.holdout",
 }
 
 
@@ -57,7 +60,7 @@ def quantize(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Checkpoint folder to write."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML; flags given here override it."),
     scheme: Optional[str] = typer.Option(None, help="w4a16, w8a16, fp8, fp8-dynamic, w8a8 (INT8 weights and per-token activations), w8a8-static, nvfp4 or mxfp4 (4-bit float weights)."),
-    method: Optional[str] = typer.Option(None, help="rtn, gptq, awq or awq+gptq."),
+    method: Optional[str] = typer.Option(None, help="rtn, gptq, awq, awq+gptq or signround (learned rounding)."),
     group_size: Optional[int] = typer.Option(None, "--group-size", help="32, 64, 128 or -1 (per channel)."),
     sym: Optional[bool] = typer.Option(None, "--sym/--asym", help="Symmetric grid (default) or with zero points."),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Module name glob or re:regex kept in float (repeatable; lm_head always by default)."),
@@ -76,6 +79,11 @@ def quantize(
     smooth_alpha: Optional[float] = typer.Option(None, "--smooth-alpha", help="SmoothQuant migration strength in [0, 1]; default searched per layer."),
     moe_calibrate_all: Optional[bool] = typer.Option(None, "--moe-calibrate-all/--moe-routed-only", help="MoE: calibrate every expert on every token (routed output kept) or only on its routed tokens (default)."),
     moe_min_tokens: Optional[int] = typer.Option(None, "--moe-min-tokens", help="MoE: experts fed fewer calibration tokens are rounded (RTN), reported (16)."),
+    signround_iters: Optional[int] = typer.Option(None, "--signround-iters", help="Learned rounding: signed-gradient steps per layer (40)."),
+    signround_lr: Optional[float] = typer.Option(None, "--signround-lr", help="Learned rounding: step size, decaying linearly (1/iters)."),
+    signround_batch: Optional[int] = typer.Option(None, "--signround-batch", help="Learned rounding: calibration samples per step (2)."),
+    signround_clip: Optional[bool] = typer.Option(None, "--signround-clip/--no-signround-clip", help="Learned rounding: also learn each group's clip factors (on)."),
+    signround_holdout: Optional[float] = typer.Option(None, "--signround-holdout", help="Learned rounding: share of samples held out to check it beats RTN (0.125)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: dataset name, file, folder or 'self'."),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Calibration samples (128)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per calibration sample (512)."),
@@ -108,6 +116,8 @@ def quantize(
         calib=calib, num_samples=num_samples, seq_len=seq_len, seed=seed, calib_cut=calib_cut,
         text_field=text_field, min_tokens=min_tokens, smooth=smooth, smooth_alpha=smooth_alpha,
         moe_calibrate_all=moe_calibrate_all, moe_min_tokens=moe_min_tokens,
+        signround_iters=signround_iters, signround_lr=signround_lr, signround_batch=signround_batch,
+        signround_clip=signround_clip, signround_holdout=signround_holdout,
         overwrite=overwrite or None,  # a plain switch: absent means "as the recipe says"
         ignore=list(ignore) if ignore else None,
     )

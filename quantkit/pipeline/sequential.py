@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..models.hf import decoder_layers
 from ..plan import Plan
 from ..qweight import QWeight
-from ..solvers.base import LayerTransform, LinearSolver, share_inputs
+from ..solvers.base import LayerTransform, LinearSolver, Presolved, share_inputs
 from . import capture, stages
 from .progress import LayerProgress
 from .stream import LayerStream
@@ -40,6 +40,10 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
         from ..solvers.awq import AWQTransform
 
         out.append(AWQTransform(model, {**plan.awq, "scale_dtype": plan.options["scale_dtype"]}))
+    if plan.signround is not None:
+        from ..solvers.signround import SignRoundTransform
+
+        out.append(SignRoundTransform(model, {**plan.signround, "scale_dtype": plan.options["scale_dtype"]}))
     if plan.kv_scheme is not None:
         from ..solvers.kv_scales import KVScaleObserver
 
@@ -55,8 +59,11 @@ class _Solve:
         self.modules = dict(model.named_modules())
         self.plan = plan
         self.result = result
+        self.solved: dict[str, QWeight] = {}  # codes a layer transform already chose (learned rounding)
 
     def make(self, name: str, method: str | None = None) -> LinearSolver:
+        if method is None and name in self.solved:
+            return Presolved(name, self.solved.pop(name))
         w = self.modules[name].weight.detach().float()
         if not torch.isfinite(w).all():
             raise UserError(f"NaN or Inf in the weights of {name}; the source model is broken")
@@ -135,6 +142,7 @@ def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, 
             for n, s in out.get("stats", {}).items():
                 solve.result.stats.setdefault(n, {}).update(s)
             solve.result.tensors.update(out.get("tensors", {}))
+            solve.solved.update(out.get("solved", {}))
         _solve_layer(layer, {m: names_of[m] for m in targets}, inputs, solve, prog)
         inputs = capture.LayerInputs(capture.run_layer(layer, inputs), inputs.kwargs)
         capture.check_finite(inputs.hidden, f"the output of {where}")

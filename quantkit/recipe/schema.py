@@ -12,7 +12,7 @@ from pydantic_core import PydanticCustomError
 
 from .gates import GATES
 
-Method = Literal["rtn", "gptq", "awq", "awq+gptq"]
+Method = Literal["rtn", "gptq", "awq", "awq+gptq", "signround"]
 SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4"]
 
 
@@ -80,6 +80,19 @@ class AWQOptions(_Strict):
         "error", description="What to do with an architecture that has no AWQ map.")
 
 
+class SignRoundOptions(_Strict):
+    """Learned rounding (method signround): signed-gradient descent on rounding offsets and clip factors."""
+
+    iters: int = Field(40, ge=1, description="Signed-gradient steps per decoder layer (AutoRound uses 200; 40 "
+                                             "keeps a CPU run within 3x GPTQ's time).")
+    lr: float | None = Field(None, gt=0, description="Step size, decaying linearly to 0; empty = 1 / iters.")
+    batch: int = Field(2, ge=1, description="Calibration samples per step.")
+    clip: bool = Field(True, description="Also learn each group's clip factors for its max and min (in [0.5, 1]).")
+    holdout: float = Field(0.125, ge=0, lt=1, description="Share of the calibration samples kept out of the "
+                                                        "descent; a layer whose learned rounding loses to RTN "
+                                                        "on them is rounded (RTN) instead.")
+
+
 class TargetOverride(_WithGroupSize):
     """One per-module override: Linears matching `match` get this scheme instead of quant.scheme."""
 
@@ -104,7 +117,7 @@ class QuantOptions(_WithGroupSize):
     """What to quantise and how: the default scheme, the solver and its knobs, what stays in float."""
 
     scheme: SchemeName = Field("w4a16", description="Default scheme for every targeted Linear.")
-    method: Method = Field("rtn", description="Solver: rtn, gptq, awq or awq+gptq.")
+    method: Method = Field("rtn", description="Solver: rtn, gptq, awq, awq+gptq or signround.")
     group_size: int | None = Field(
         None, description="32, 64, 128 or -1 (per channel); empty = the scheme's (128 for w4a16), or the "
                           "largest of 64, 32 dividing every targeted layer's width.")
@@ -116,6 +129,8 @@ class QuantOptions(_WithGroupSize):
     clip_search: bool = Field(False, description="MSE search of the clipping range per group (RTN, GPTQ).")
     gptq: GPTQOptions = Field(default_factory=GPTQOptions, description="GPTQ knobs (method gptq or awq+gptq).")
     awq: AWQOptions = Field(default_factory=AWQOptions, description="AWQ knobs (method awq or awq+gptq).")
+    signround: SignRoundOptions = Field(default_factory=SignRoundOptions,
+                                        description="Learned-rounding knobs (method signround).")
     kv_cache: Literal["fp8"] | None = Field(None, description="Calibrate and store an FP8 KV cache scale.")
     moe: MoEOptions = Field(default_factory=MoEOptions, description="Mixture-of-experts calibration knobs.")
     smooth: bool = Field(False, description="SmoothQuant before a w8a8 scheme: per-channel scales moving "

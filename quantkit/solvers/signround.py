@@ -1,0 +1,130 @@
+"""Learned rounding (SignRound / AutoRound): signed-gradient descent on each weight's rounding offset and each
+group's clip factors, against the decoder layer's own float output, one layer at a time (true sequential).
+
+Per layer, every targeted integer Linear gets a LearnedRounding (signround_quant.py). A step runs `batch`
+calibration samples through a float32 copy of the layer whose Linears compute with their fake-quantised weights
+and moves every parameter by lr_t * sign(grad) of the output MSE, with lr_t decaying linearly to 0 over `iters`
+steps (the AutoRound paper's recipe: v in [-0.5, 0.5], clip factors in [0.5, 1], lr 1/iters). The last
+`holdout` share of the samples is never stepped on: the learned codes must beat plain RTN's block error there,
+or the layer falls back to RTN (recorded in quantkit.json). The accepted codes go to the pipeline as
+already-solved QWeights, so the writer packs exactly what was learned.
+
+Cost: 3 x iters x batch sample-passes through one layer (forward and backward) plus two forward passes over the
+calibration samples for the reported losses; the defaults (iters 40, batch 2) keep it within 3x GPTQ's time on
+a CPU (docs/benchmarks.md, "Learned rounding").
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.func import functional_call
+from torch.utils._pytree import tree_map
+
+from ..schemes import Scheme
+from .base import LayerTransform
+from .signround_quant import LearnedRounding
+
+
+def learnable(scheme: Scheme) -> bool:
+    """Integer weight grids only: FP8/FP4 and INT8-activation Linears keep their own solvers."""
+    return not (scheme.is_fp8 or scheme.is_fp4 or scheme.is_int_activations)
+
+
+def _f32(obj):
+    return tree_map(lambda t: t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() else t, obj)
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+class _Block:
+    """A float32, frozen copy of one decoder layer run with substituted weights; the float targets it must hit."""
+
+    def __init__(self, layer, inputs, paths: list[str]):
+        self.work = copy.deepcopy(layer).float()
+        for p in self.work.parameters():
+            p.requires_grad_(False)
+        self.hidden = [h.float() for h in inputs.hidden]
+        self.kwargs = [_f32(kw) for kw in inputs.kwargs]
+        self.paths = paths
+        with torch.no_grad():
+            self.refs = [_first(self.work(h, **kw)).detach() for h, kw in zip(self.hidden, self.kwargs)]
+
+    def loss(self, i: int, weights: dict) -> torch.Tensor:
+        out = _first(functional_call(self.work, weights, (self.hidden[i],), self.kwargs[i]))
+        return (out - self.refs[i]).pow(2).mean()
+
+    @torch.no_grad()
+    def mean_loss(self, idx: list[int], rounders: dict) -> float:
+        weights = {p + ".weight": r.fake() for p, r in rounders.items()}
+        return sum(float(self.loss(i, weights)) for i in idx) / max(len(idx), 1)
+
+
+def split_samples(n: int, holdout: float) -> tuple[list[int], list[int]]:
+    """(train, held-out) sample indices: the last round(n * holdout) samples held out, at least one when n >= 2."""
+    k = 0 if n < 2 or holdout <= 0 else min(n - 1, max(1, round(n * holdout)))
+    return list(range(n - k)), list(range(n - k, n))
+
+
+def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr: float, batch: int,
+                 seed: int = 0) -> None:
+    """iters signed-gradient steps on the rounders' parameters, batch training samples per step."""
+    params = [p for r in rounders.values() for p in r.params()]
+    gen = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    for t in range(iters):
+        step = lr * (1 - t / iters)
+        picked = []
+        while len(picked) < min(batch, len(train)):
+            if not order:
+                order = [train[j] for j in torch.randperm(len(train), generator=gen).tolist()]
+            picked.append(order.pop())
+        weights = {p + ".weight": r.fake() for p, r in rounders.items()}
+        for k, i in enumerate(picked):
+            (block.loss(i, weights) / len(picked)).backward(retain_graph=k < len(picked) - 1)
+        with torch.no_grad():
+            for p in params:
+                if p.grad is not None:
+                    p.sub_(step * torch.sign(p.grad))
+                    p.grad = None
+        for r in rounders.values():
+            r.clamp_()
+
+
+class SignRoundTransform(LayerTransform):
+    """Finds the codes of a layer's integer Linears and hands them over as {"solved": {name: QWeight}}."""
+
+    def __init__(self, model, options: dict):
+        super().__init__(model, options)
+        self.iters = int(options.get("iters", 40))
+        self.lr = options.get("lr") or 1.0 / max(self.iters, 1)
+        self.batch = int(options.get("batch", 2))
+        self.clip = bool(options.get("clip", True))
+        self.holdout = float(options.get("holdout", 0.125))
+        self.force_fallback = bool(options.get("force_fallback", False))  # tests: the guard's path
+        self.scale_dtype = options.get("scale_dtype") or torch.float16
+
+    def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:
+        paths = {m: p for p, m in layer.named_modules()}
+        learn = {paths[m]: (n, s) for m, (n, s) in targets.items() if learnable(s)}
+        if not learn:
+            return {}
+        block = _Block(layer, inputs, list(learn))
+        rounders = {p: LearnedRounding(block.work.get_submodule(p).weight, s, self.scale_dtype, self.clip)
+                    for p, (_n, s) in learn.items()}
+        train, held = split_samples(len(block.hidden), self.holdout)
+        judge = held or train  # one sample: nothing to hold out, the guard can only check the fit itself
+        initial, rtn_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
+        sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index)
+        final, learned_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
+        keep = learned_held <= rtn_held and not self.force_fallback
+        common = {"signround_iters": self.iters, "signround_initial_loss": initial, "signround_final_loss": final,
+                  "signround_heldout_rtn_loss": rtn_held, "signround_heldout_loss": learned_held,
+                  "signround_heldout_samples": len(held)}
+        stats = {n: {**common, "signround_mean_abs_v": rounders[p].mean_abs_v(),
+                     "signround_fallback": None if keep else "rtn (learned rounding lost on held-out samples)"}
+                 for p, (n, _s) in learn.items()}
+        solved = {n: rounders[p].qweight() for p, (n, _s) in learn.items()} if keep else {}
+        return {"stats": stats, "solved": solved}
