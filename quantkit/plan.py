@@ -34,7 +34,7 @@ def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
     if scheme.is_fp4:
         from .solvers.fp4 import solver_class as fp4_solver
 
-        return fp4_solver(method)
+        return fp4_solver(method, scheme)
     if scheme.is_fp8:
         from .solvers.fp8 import FP8DynamicSolver, FP8Solver
 

@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 from .gates import GATES
 
 Method = Literal["rtn", "gptq", "awq", "awq+gptq", "signround"]
-SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4"]
+SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4", "nvfp4-a4"]
 
 
 def known_gates() -> dict[str, str]:
