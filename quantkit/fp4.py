@@ -118,3 +118,15 @@ def nvfp4_group_scale(amax: torch.Tensor, global_scale: torch.Tensor) -> torch.T
 def e4m3_scale(s: torch.Tensor) -> torch.Tensor:
     """s rounded to an E4M3 value (as float32), saturating at 448 and never below E4M3's smallest value."""
     return s.float().clamp(E4M3_MIN_SUBNORMAL, e4m3.E4M3_MAX).to(e4m3.FP8).float().clamp(min=E4M3_MIN_SUBNORMAL)
+
+
+def nvfp4_fake_quantize(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """x [..., n] (n a multiple of 16) rounded through NVFP4 and back, in float32: each run of 16 along the last
+    dim gets a scale from its absmax, (amax / 6) * global_scale rounded to E4M3 (compressed-tensors' dynamic
+    `local` activations, in its order of operations), divided by the static global scale."""
+    x = x.float()
+    g = global_scale.float()
+    xg = x.unflatten(-1, (x.shape[-1] // NVFP4_GROUP, NVFP4_GROUP))
+    local = e4m3_scale(xg.abs().amax(-1, keepdim=True) / E2M1_MAX * g)
+    eff = local / g
+    return (round_e2m1(xg / eff) * eff).flatten(-2)

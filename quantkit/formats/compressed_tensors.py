@@ -17,7 +17,7 @@ import torch
 from ..qweight import QWeight
 from ..schemes import Scheme
 from ..targets import matches
-from .fp4_tensors import fp4_format, fp4_tensors, fp4_weights_args
+from .fp4_tensors import fp4_format, fp4_input_args, fp4_tensors, fp4_weights_args
 from .pack import pack_int32
 
 SHARD_BYTES = 4 * 1024**3
@@ -54,6 +54,8 @@ def _weights_args(s: Scheme) -> dict:
 
 
 def _input_args(s: Scheme) -> dict | None:
+    if s.is_fp4:
+        return fp4_input_args(s)
     if s.activations is None:
         return None
     dynamic = s.activations == "dynamic"

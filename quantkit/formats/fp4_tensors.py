@@ -5,6 +5,8 @@ column in the low nibble) and p.weight_scale ([out, in / group]).
 - `nvfp4-pack-quantized` (strategy tensor_group, group 16): weight_scale float8_e4m3fn and p.weight_global_scale
   (float32 [1]), stored as a divisor: weight = e2m1 * weight_scale / weight_global_scale.
 - `mxfp4-pack-quantized` (strategy group, group 32): weight_scale uint8 E8M0 codes, 2^(code - 127).
+nvfp4 with activations (`nvfp4-a4`) adds p.input_global_scale (float32 [1], a divisor like the weights'); the
+per-16 activation scales are computed at run time (compressed-tensors' dynamic `local`).
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ def fp4_tensors(prefix: str, qw: QWeight) -> dict[str, torch.Tensor]:
     if qw.global_scale is not None:
         out[f"{prefix}.weight_scale"] = qw.scale.to(torch.float8_e4m3fn).contiguous()
         out[f"{prefix}.weight_global_scale"] = qw.global_scale.float().reshape(1).contiguous()
+        if qw.input_scale is not None:
+            out[f"{prefix}.input_global_scale"] = qw.input_scale.float().reshape(1).contiguous()
     else:
         out[f"{prefix}.weight_scale"] = fp4.e8m0_encode(torch.log2(qw.scale).round().to(torch.int32)).contiguous()
     return out
@@ -41,6 +45,15 @@ def fp4_weights_args(s: Scheme) -> dict:
     return {"num_bits": 4, "type": "float", "symmetric": True, "strategy": s.strategy, "group_size": s.group_size,
             "block_structure": None, "dynamic": False, "actorder": None, "observer": "minmax", "observer_kwargs": {},
             "scale_dtype": "torch.float8_e4m3fn" if nv else "torch.uint8"}
+
+
+def fp4_input_args(s: Scheme) -> dict | None:
+    """nvfp4-a4's activations: E2M1 per 16 with E4M3 scales found at run time under a static global scale."""
+    if s.activations is None:
+        return None
+    return {"num_bits": 4, "type": "float", "symmetric": True, "strategy": "tensor_group", "group_size": 16,
+            "block_structure": None, "dynamic": "local", "actorder": None, "observer": "static_minmax",
+            "observer_kwargs": {}, "scale_dtype": "torch.float8_e4m3fn"}
 
 
 def fp4_format(s: Scheme) -> str:
