@@ -160,3 +160,17 @@ def test_estimate_counts_fp4_codes_and_every_scale():
     # half a byte per weight; nvfp4: an E4M3 byte per 16 and a float32 global scale per Linear, mxfp4: a byte per 32
     assert r["nvfp4"]["weight_bytes"] == n["linear"] // 2 + n["linear"] // 16 + 4 * linears + 2 * n["other"]
     assert r["mxfp4"]["weight_bytes"] == n["linear"] // 2 + n["linear"] // 32 + 2 * n["other"]
+
+
+def test_nvfp4_activation_rounding_against_float64():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 64, generator=g) * torch.exp(torch.randn(5, 1, generator=g))
+    x[0, :16] = 0.0  # an all-zero group
+    gs = fp4.nvfp4_global_scale(x.abs().amax())
+    got = fp4.nvfp4_fake_quantize(x, gs)
+    xg = x.double().reshape(5, 4, 16)
+    local = e4m3_round_ref((xg.abs().amax(-1, keepdim=True) / 6 * gs.double()).float()).clamp(min=2.0 ** -9)
+    eff = local / gs.double()
+    ref = (e2m1_round_ref(xg / eff) * eff).reshape(5, 64)
+    assert torch.equal(got.double(), ref)
+    assert torch.equal(got[0, :16], torch.zeros(16)) and not torch.equal(got, x)

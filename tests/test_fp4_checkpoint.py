@@ -85,3 +85,31 @@ def test_plan_refuses_what_the_formats_cannot_hold(quant, message):
     model = _model()
     with pytest.raises(UserError, match=message):
         build_plan(model, Recipe.model_validate({"quant": quant}))
+
+
+def test_nvfp4_with_activations_matches_transformers_compressed_path_in_bfloat16(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = _model(seed=3)
+    res = _quantize(tmp_path / "out", model, {"scheme": "nvfp4-a4", "method": "gptq"})
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    (group,) = qc["config_groups"].values()
+    a = group["input_activations"]
+    assert (a["num_bits"], a["type"], a["strategy"], a["group_size"], a["dynamic"]) == (4, "float", "tensor_group",
+                                                                                       16, "local")
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        g = {n: float(f.get_tensor(f"model.layers.0.self_attn.{n}.input_global_scale")) for n in ("q_proj", "k_proj")}
+    assert g["q_proj"] == g["k_proj"] == float(res.qweights["model.layers.0.self_attn.q_proj"].input_scale)
+    # transformers 5.24 runs the activation quantisation only on its compressed path, which computes in bfloat16
+    # (its dequantize=True path drops input_global_scale and runs the weights alone)
+    ext = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16)
+    ours = quantkit.load(tmp_path / "out", dtype=torch.bfloat16)
+    with torch.no_grad():
+        got, theirs = ours(IDS).logits.float(), ext(IDS).logits.float()
+        for m in ours.modules():
+            if isinstance(m, FP4Linear):
+                m.input_global_scale = None
+        weights_only = ours(IDS).logits.float()
+    size = got.abs().max().item()
+    assert (theirs - got).abs().max().item() < 1e-2 * size  # bfloat16 logits: about 3 significant digits
+    assert (weights_only - got).abs().max().item() > 5e-2 * size  # the activations' rounding is in both
