@@ -13,7 +13,7 @@ from pydantic_core import PydanticCustomError
 from .gates import GATES
 
 Method = Literal["rtn", "gptq", "awq", "awq+gptq", "signround"]
-SchemeName = Literal["w4a16", "w8a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4", "nvfp4-a4"]
+SchemeName = Literal["w4a16", "w8a16", "w3a16", "w2a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4", "nvfp4-a4"]
 
 
 def known_gates() -> dict[str, str]:
@@ -78,6 +78,8 @@ class AWQOptions(_Strict):
                                                       "alpha search runs through each block; the main cost of AWQ.")
     fallback: Literal["error", "rtn"] = Field(
         "error", description="What to do with an architecture that has no AWQ map.")
+    holdout: float = Field(0.2, ge=0, lt=1, description="Share of calibration samples kept out of the search "
+                           "to check its choices: a scale or clip that loses to plain RTN there is dropped (0: off).")
 
 
 class SignRoundOptions(_Strict):
@@ -122,6 +124,8 @@ class QuantOptions(_WithGroupSize):
         None, description="32, 64, 128 or -1 (per channel); empty = the scheme's (128 for w4a16), or the "
                           "largest of 64, 32 dividing every targeted layer's width.")
     symmetric: bool = Field(True, description="Symmetric (no zero point) or asymmetric grid.")
+    bits: float | None = Field(None, gt=2, le=8, description="Average bits per weight (scales included) to spend: "
+                               "each Linear gets 3, 4 or 8 bits by its measured rounding sensitivity.")
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"],
                               description="Module name globs or 're:<regex>' left in float.")
     targets: list[TargetOverride] = Field(default_factory=list,

@@ -20,7 +20,6 @@ FP8-targeted Linears in a group are left unquantised during the search and are n
 """
 from __future__ import annotations
 
-import copy
 import warnings
 
 import torch
@@ -31,43 +30,16 @@ from ..errors import UserError
 from ..schemes import Scheme, scale_dtype_for
 from .awq_clip import GramAccumulator, apply_clip, group_width, search_clip
 from .awq_fold import fold_scales, prev_width
+from .awq_block import _capture_group, _GroupData, quantised_error
+from .awq_guard import guard_clip, held_out_grams, scale_guard, split_holdout
 from .awq_maps import ArchMap, ScaleGroup, map_for, mapped_architectures
 from .base import LayerTransform
-from .rtn import rtn_quantize
 
 SEARCH_TOKENS = 2048
 CLIP_GRID = 20
 CLIP_MAX_SHRINK = 0.5
 # floor of mean|x| and mean|w| before the power: a dead channel must not get a zero (or infinite) scale
 _FLOOR = 1e-4
-
-
-class _Stop(Exception):
-    pass
-
-
-def _float32(obj):
-    if isinstance(obj, torch.Tensor):
-        return obj.float() if obj.is_floating_point() else obj
-    if isinstance(obj, tuple):
-        return tuple(_float32(o) for o in obj)
-    if isinstance(obj, list):
-        return [_float32(o) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _float32(v) for k, v in obj.items()}
-    return obj
-
-
-def _first(out):
-    return out[0] if isinstance(out, (tuple, list)) else out
-
-
-def _relative(name: str, block: str) -> str:
-    if name == block:
-        return ""
-    if not name.startswith(block + "."):
-        raise ValueError(f"AWQ map error: {name} is not inside the measured block {block}")
-    return name[len(block) + 1:]
 
 
 def normalised_scales(x_mean: torch.Tensor, w_mean: torch.Tensor | None, alpha: float) -> torch.Tensor:
@@ -86,80 +58,6 @@ def weight_profile(weights: list[torch.Tensor], gs: int) -> torch.Tensor:
     wg = w.abs().reshape(out, n_in // gs, gs)
     wg = wg / wg.amax(-1, keepdim=True).clamp_min(1e-12)
     return wg.reshape(out, n_in).mean(0)
-
-
-def fake_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype) -> torch.Tensor:
-    return rtn_quantize(w, scheme, scale_dtype=scale_dtype).dequantize()
-
-
-class _GroupData:
-    """What one ScaleGroup's search needs, captured in one partial pass over the layer per sample."""
-
-    def __init__(self):
-        self.abs_sum = None
-        self.abs_max = None  # max|x| per channel (SmoothQuant's statistic)
-        self.tokens = 0
-        self.calls: list[tuple[tuple, dict]] = []  # the block's (args, kwargs) for the kept samples
-
-    @property
-    def x_mean(self) -> torch.Tensor:
-        return self.abs_sum / max(self.tokens, 1)
-
-
-def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, inputs, budget: int) -> _GroupData:
-    data = _GroupData()
-    kept_tokens = 0
-    keep = False
-
-    def on_block(_mod, args, kwargs):
-        if keep:
-            data.calls.append((_float32(args), _float32(kwargs)))
-
-    def on_linear(_mod, args):
-        x = args[0].detach()
-        x = x.reshape(-1, x.shape[-1]).float()
-        s, m = x.abs().sum(0), x.abs().amax(0)
-        data.abs_sum = s if data.abs_sum is None else data.abs_sum + s
-        data.abs_max = m if data.abs_max is None else torch.maximum(data.abs_max, m)
-        data.tokens += x.shape[0]
-        raise _Stop
-
-    # pre-hooks run in registration order: the block's fires before its first Linear's even when they are one
-    handles = [block.register_forward_pre_hook(on_block, with_kwargs=True),
-               first_linear.register_forward_pre_hook(on_linear)]
-    try:
-        with torch.no_grad():
-            for h, kw in zip(inputs.hidden, inputs.kwargs):
-                tokens = h.numel() // h.shape[-1]
-                keep = not data.calls or kept_tokens + tokens <= budget
-                if keep:
-                    kept_tokens += tokens
-                try:
-                    layer(h, **kw)
-                except _Stop:
-                    pass
-    finally:
-        for hd in handles:
-            hd.remove()
-    return data
-
-
-def measured_copy(block, group: ScaleGroup, linears: dict, data: _GroupData):
-    """A float32 copy of the measured block, its copies of the group's Linears, their original weights, the
-    block's float outputs on the kept samples and their total power (the error's denominator)."""
-    work = copy.deepcopy(block).float()
-    copies = {n: work.get_submodule(_relative(n, group.block)) for n in linears}
-    originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
-    refs = [_first(work(*a, **kw)) for a, kw in data.calls]
-    power = sum(float(r.double().pow(2).sum()) for r in refs) or 1.0
-    return work, copies, originals, refs, power
-
-
-def block_error(work, data: _GroupData, refs: list, power: float) -> float:
-    total = 0.0
-    for (a, kw), r in zip(data.calls, refs):
-        total += float((_first(work(*a, **kw)).double() - r.double()).pow(2).sum())
-    return total / power
 
 
 def pick_alpha(error, candidates, keep_baseline: bool = True):
@@ -188,6 +86,8 @@ class AWQTransform(LayerTransform):
         self.duo = bool(options.get("duo", False))
         self.clip = bool(options.get("clip", True))
         self.search_tokens = int(options.get("search_tokens", SEARCH_TOKENS))
+        # share of calibration samples kept out of the search to check its choices (awq_guard.py); 0: no guard
+        self.holdout = float(options.get("holdout", 0.0))
         # the dtype the checkpoint stores scales in (the plan's rule); None: the layer's own, float16 for float32
         self.scale_dtype = options.get("scale_dtype")
         cfg = model.config
@@ -211,14 +111,15 @@ class AWQTransform(LayerTransform):
             if mod in targets:
                 by_rel[name] = targets[mod]
         stats: dict[str, dict] = {}
+        search, hold = split_holdout(inputs, self.holdout)
         for group in self.arch.groups:
-            self._scale(layer, group, inputs, by_rel, stats)
+            self._scale(layer, group, search, hold, by_rel, stats)
         if self.clip:
-            self._clip(layer, inputs, by_rel, stats)
+            self._clip(layer, search, hold, by_rel, stats)
         return {"stats": stats, "tensors": {}}
 
     # ---------------------------------------------------------------------------------------------------------
-    def _scale(self, layer, group: ScaleGroup, inputs, by_rel: dict, stats: dict) -> None:
+    def _scale(self, layer, group: ScaleGroup, inputs, hold, by_rel: dict, stats: dict) -> None:
         missing = [n for n in (group.prev, group.block, *group.linears) if not _has(layer, n)]
         if missing:
             warnings.warn(f"AWQ map for '{self.model_type}' names {', '.join(missing)}, which this model's layer "
@@ -243,10 +144,17 @@ class AWQTransform(LayerTransform):
                 stats.setdefault(n, {}).update({self.STAT_ALPHA: None, "awq_note": "no calibration tokens"})
             return
         alpha, s, err, base = self._search(block, group, linears, quantised, data)
+        guard = None
+        if alpha is not None and hold is not None:
+            guard = scale_guard(layer, block, group, linears, quantised, hold, s,
+                                self._scale_dtype(next(iter(linears.values())).weight.dtype))
+            if guard is not None:
+                alpha = None  # the search's choice lost to plain RTN scales on held-out calibration samples
         if alpha is not None:
             fold_scales(layer, group, s, self.arch.norm_offset)
         for n in full.values():
-            stats.setdefault(n, {}).update({self.STAT_ALPHA: alpha, self.STAT_ERROR: err, self.STAT_BASE: base})
+            stats.setdefault(n, {}).update({self.STAT_ALPHA: alpha, self.STAT_ERROR: err, self.STAT_BASE: base,
+                                            "awq_guard": guard})
 
     def searchable(self, scheme: Scheme) -> bool:
         """Whether a Linear with this scheme is quantised during the search (FP8 ones are left in float)."""
@@ -259,22 +167,15 @@ class AWQTransform(LayerTransform):
 
     @torch.no_grad()
     def _search(self, block, group: ScaleGroup, linears: dict, quantised: dict, data: _GroupData):
-        work, copies, originals, refs, power = measured_copy(block, group, linears, data)
         scale_dtype = self._scale_dtype(next(iter(linears.values())).weight.dtype)
+        error, originals = quantised_error(block, group, linears, quantised, data, scale_dtype)
         gs = group_width(next(iter(quantised.values())), next(iter(linears.values())).weight.shape[-1])
         w_mean = weight_profile([originals[n] for n in quantised], gs) if self.duo else None
-        x_mean = data.x_mean
-
-        def error(s: torch.Tensor) -> float:
-            for n, sch in quantised.items():
-                copies[n].weight.data = fake_quantize(originals[n] * s, sch, scale_dtype) / s
-            return block_error(work, data, refs, power)
-
-        return pick_alpha(error, [(a, normalised_scales(x_mean, w_mean, a))
+        return pick_alpha(error, [(a, normalised_scales(data.x_mean, w_mean, a))
                                   for a in torch.linspace(0, 1, self.grid).tolist()])
 
     @torch.no_grad()
-    def _clip(self, layer, inputs, by_rel: dict, stats: dict) -> None:
+    def _clip(self, layer, inputs, hold, by_rel: dict, stats: dict) -> None:
         todo = {layer.get_submodule(n): (n, *by_rel[n]) for n in by_rel
                 if not by_rel[n][1].is_fp8 and n not in self.arch.no_clip}
         if not todo:
@@ -282,14 +183,19 @@ class AWQTransform(LayerTransform):
         grams = {m: GramAccumulator(m.in_features, group_width(sch, m.in_features), m.weight.device)
                  for m, (_, _, sch) in todo.items()}
         capture.feed_group(layer, list(todo), inputs, lambda m, x: grams[m].add(x))
+        held = held_out_grams(layer, todo, hold)
         for m, (_, full, sch) in todo.items():
             if grams[m].tokens == 0:  # an expert no calibration token reached keeps its full range
                 continue
-            w = m.weight.data.float()
-            ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, self._scale_dtype(m.weight.dtype))
+            w, sd = m.weight.data.float(), self._scale_dtype(m.weight.dtype)
+            ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, sd)
+            reverted = 0
+            if m in held and held[m].tokens:
+                ratio, reverted = guard_clip(w, ratio, held[m].gram, sch, sd)
             m.weight.data = apply_clip(w, ratio, sch).to(m.weight.dtype)
             stats.setdefault(full, {}).update(awq_clip_mean=round(float(ratio.mean()), 4),
-                                              awq_clip_min=round(float(ratio.min()), 4))
+                                              awq_clip_min=round(float(ratio.min()), 4),
+                                              awq_clip_reverted=reverted)
 
 
 def _has(layer: nn.Module, name: str) -> bool:

@@ -39,22 +39,30 @@ def _bounds(wg: torch.Tensor, scheme: Scheme, ratio: torch.Tensor | float):
 
 
 @torch.no_grad()
-def search_clip(w: torch.Tensor, gram: torch.Tensor, scheme: Scheme, grid: int = 20, max_shrink: float = 0.5,
-                scale_dtype=torch.float16) -> torch.Tensor:
-    """The ratio [out, groups] of each group's range (1 = unclipped) with the least output error."""
+def clip_error(w: torch.Tensor, gram: torch.Tensor, scheme: Scheme, ratio, scale_dtype=torch.float16) -> torch.Tensor:
+    """[out, groups]: each group's output error dw^T G dw when its range is shrunk by RATIO (a float, or a
+    tensor [out, groups]) and it is then rounded as RTN will round it after apply_clip."""
     out, n_in = w.shape
     gs = group_width(scheme, n_in)
     wg = w.float().reshape(out, n_in // gs, gs)
-    best_err = torch.full(wg.shape[:2], float("inf"), device=w.device)
-    best = torch.ones(wg.shape[:2], device=w.device)
+    lo, hi = _bounds(wg, scheme, ratio)
+    wc = torch.clamp(wg, lo.unsqueeze(-1), hi.unsqueeze(-1))
+    s, z = qparams(lo, hi, scheme, scale_dtype)
+    dw = dequantize_groups(quantize_groups(wc, s, z, scheme), s, z) - wg
+    return (torch.einsum("ogi,gij->ogj", dw, gram) * dw).sum(-1)
+
+
+@torch.no_grad()
+def search_clip(w: torch.Tensor, gram: torch.Tensor, scheme: Scheme, grid: int = 20, max_shrink: float = 0.5,
+                scale_dtype=torch.float16) -> torch.Tensor:
+    """The ratio [out, groups] of each group's range (1 = unclipped) with the least output error."""
+    best_err, best = None, None
     for i in range(grid):
         ratio = 1.0 - max_shrink * i / grid
-        lo, hi = _bounds(wg, scheme, ratio)
-        # what RTN will do after apply_clip: clamp to the bounds, then take the clamped group's min/max as range
-        wc = torch.clamp(wg, lo.unsqueeze(-1), hi.unsqueeze(-1))
-        s, z = qparams(lo, hi, scheme, scale_dtype)
-        dw = dequantize_groups(quantize_groups(wc, s, z, scheme), s, z) - wg
-        err = (torch.einsum("ogi,gij->ogj", dw, gram) * dw).sum(-1)
+        err = clip_error(w, gram, scheme, ratio, scale_dtype)
+        if best is None:
+            best_err, best = err, torch.full_like(err, ratio)
+            continue
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best = torch.where(better, torch.full_like(best, ratio), best)

@@ -21,7 +21,8 @@ import torch
 from ..errors import UserError
 from ..linear.int8 import QMAX, quantize_per_token
 from ..schemes import Scheme
-from .awq import AWQTransform, block_error, fake_quantize, measured_copy, pick_alpha
+from .awq import AWQTransform, pick_alpha
+from .awq_block import block_error, fake_quantize, measured_copy
 from .awq_maps import ScaleGroup, map_for, mapped_architectures
 from .base import LayerTransform
 
@@ -54,6 +55,7 @@ class SmoothQuantTransform(AWQTransform):
         LayerTransform.__init__(self, model, options)
         self.alpha = options.get("alpha")
         self.grid, self.duo, self.clip = GRID, False, False
+        self.holdout = 0.0  # AWQ's held-out guard scores weight-only scaling; SmoothQuant's error is W8A8's
         self.search_tokens = int(options.get("search_tokens", SEARCH_TOKENS))
         self.scale_dtype = options.get("scale_dtype")
         self.model_type = getattr(model.config, "model_type", type(model).__name__)

@@ -1,0 +1,128 @@
+"""The measured block of an AWQ scale group: its captured inputs, a float32 copy, and its output error.
+
+Shared by AWQ's alpha search, its held-out guard (awq_guard.py) and SmoothQuant's migration search.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ..schemes import Scheme
+from .awq_maps import ScaleGroup
+from .rtn import rtn_quantize
+
+
+class _Stop(Exception):
+    pass
+
+
+def _float32(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.float() if obj.is_floating_point() else obj
+    if isinstance(obj, tuple):
+        return tuple(_float32(o) for o in obj)
+    if isinstance(obj, list):
+        return [_float32(o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: _float32(v) for k, v in obj.items()}
+    return obj
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+def _relative(name: str, block: str) -> str:
+    if name == block:
+        return ""
+    if not name.startswith(block + "."):
+        raise ValueError(f"AWQ map error: {name} is not inside the measured block {block}")
+    return name[len(block) + 1:]
+
+
+class _GroupData:
+    """What one ScaleGroup's search needs, captured in one partial pass over the layer per sample."""
+
+    def __init__(self):
+        self.abs_sum = None
+        self.abs_max = None  # max|x| per channel (SmoothQuant's statistic)
+        self.tokens = 0
+        self.calls: list[tuple[tuple, dict]] = []  # the block's (args, kwargs) for the kept samples
+
+    @property
+    def x_mean(self) -> torch.Tensor:
+        return self.abs_sum / max(self.tokens, 1)
+
+
+def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, inputs, budget: int) -> _GroupData:
+    data = _GroupData()
+    kept_tokens = 0
+    keep = False
+
+    def on_block(_mod, args, kwargs):
+        if keep:
+            data.calls.append((_float32(args), _float32(kwargs)))
+
+    def on_linear(_mod, args):
+        x = args[0].detach()
+        x = x.reshape(-1, x.shape[-1]).float()
+        s, m = x.abs().sum(0), x.abs().amax(0)
+        data.abs_sum = s if data.abs_sum is None else data.abs_sum + s
+        data.abs_max = m if data.abs_max is None else torch.maximum(data.abs_max, m)
+        data.tokens += x.shape[0]
+        raise _Stop
+
+    # pre-hooks run in registration order: the block's fires before its first Linear's even when they are one
+    handles = [block.register_forward_pre_hook(on_block, with_kwargs=True),
+               first_linear.register_forward_pre_hook(on_linear)]
+    try:
+        with torch.no_grad():
+            for h, kw in zip(inputs.hidden, inputs.kwargs):
+                tokens = h.numel() // h.shape[-1]
+                keep = not data.calls or kept_tokens + tokens <= budget
+                if keep:
+                    kept_tokens += tokens
+                try:
+                    layer(h, **kw)
+                except _Stop:
+                    pass
+    finally:
+        for hd in handles:
+            hd.remove()
+    return data
+
+
+def measured_copy(block, group: ScaleGroup, linears: dict, data: _GroupData):
+    """A float32 copy of the measured block, its copies of the group's Linears, their original weights, the
+    block's float outputs on the kept samples and their total power (the error's denominator)."""
+    work = copy.deepcopy(block).float()
+    copies = {n: work.get_submodule(_relative(n, group.block)) for n in linears}
+    originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
+    refs = [_first(work(*a, **kw)) for a, kw in data.calls]
+    power = sum(float(r.double().pow(2).sum()) for r in refs) or 1.0
+    return work, copies, originals, refs, power
+
+
+def block_error(work, data: _GroupData, refs: list, power: float) -> float:
+    total = 0.0
+    for (a, kw), r in zip(data.calls, refs):
+        total += float((_first(work(*a, **kw)).double() - r.double()).pow(2).sum())
+    return total / power
+
+
+def fake_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype) -> torch.Tensor:
+    return rtn_quantize(w, scheme, scale_dtype=scale_dtype).dequantize()
+
+
+def quantised_error(block, group: ScaleGroup, linears: dict, quantised: dict, data: _GroupData, scale_dtype):
+    """error(s): the block's relative output error on DATA's samples when the group's quantised Linears are
+    scaled by s, fake-quantised on their scheme's grid, and unscaled (the float reference: the block as it is)."""
+    work, copies, originals, refs, power = measured_copy(block, group, linears, data)
+
+    def error(s: torch.Tensor) -> float:
+        for n, sch in quantised.items():
+            copies[n].weight.data = fake_quantize(originals[n] * s, sch, scale_dtype) / s
+        return block_error(work, data, refs, power)
+    return error, originals

@@ -1,0 +1,64 @@
+"""AWQ's held-out guard: a scale or clip that loses to plain RTN on calibration samples the search never saw
+is dropped (issue 23: AWQ must never do worse than RTN because it fitted its calibration text)."""
+import torch
+
+from test_awq import tiny_model
+from quantkit.models.hf import decoder_layers
+from quantkit.pipeline import capture
+from quantkit.schemes import Scheme
+from quantkit.solvers.awq_clip import clip_error
+from quantkit.solvers.awq_guard import guard_clip, scale_guard, split_holdout
+from quantkit.solvers.awq_maps import map_for
+
+W4 = Scheme("w4a16", 4, "int", True, 32)
+
+
+def _inputs(n):
+    return capture.LayerInputs([torch.randn(1, 8, 64) for _ in range(n)], [{} for _ in range(n)])
+
+
+def test_split_holdout_takes_whole_samples_from_the_end():
+    inp = _inputs(10)
+    search, hold = split_holdout(inp, 0.2)
+    assert len(search.hidden) == 8 and len(hold.hidden) == 2 and hold.hidden[0] is inp.hidden[8]
+    assert split_holdout(inp, 0.0) == (inp, None)
+    assert split_holdout(_inputs(1), 0.5)[1] is None  # one sample: nothing can be held out
+    s, h = split_holdout(_inputs(3), 0.99)
+    assert len(s.hidden) == 1 and len(h.hidden) == 2  # never every sample
+    assert len(split_holdout(_inputs(4), 0.01)[1].hidden) == 1  # a positive share holds out at least one
+
+
+def test_guard_clip_undoes_exactly_the_clips_that_hurt_on_held_out_inputs():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(16, 64, generator=g)
+    ratio = torch.full((16, 2), 0.7)
+    # held-out inputs only on each row-group's largest-|w| column: clipping that weight can only add error
+    # there, while at ratio 1 the absmax weight is exactly on the grid (symmetric RTN)
+    gram = torch.zeros(2, 32, 32)
+    for gi in range(2):
+        k = int(w[:, gi * 32:(gi + 1) * 32].abs().amax(0).argmax())
+        gram[gi, k, k] = 1.0
+    out, reverted = guard_clip(w, ratio, gram, W4, torch.float32)
+    hurt = clip_error(w, gram, W4, ratio, torch.float32) > clip_error(w, gram, W4, 1.0, torch.float32)
+    assert hurt.any() and reverted == int(hurt.sum())
+    assert torch.equal(out, torch.where(hurt, torch.ones_like(ratio), ratio))
+    # inputs spread evenly over every column: the searched-for case, where a mild clip usually helps
+    even = torch.eye(32).expand(2, 32, 32).clone()
+    out2, _ = guard_clip(w, torch.full((16, 2), 0.9), even, W4, torch.float32)
+    kept = clip_error(w, even, W4, out2, torch.float32) <= clip_error(w, even, W4, 1.0, torch.float32)
+    assert kept.all()  # whatever the guard keeps never raises the held-out error
+
+
+def test_scale_guard_drops_a_scale_that_loses_on_held_out_samples():
+    model = tiny_model("llama")
+    layer = decoder_layers(model)[1][0]
+    ids = torch.randint(0, 128, (3, 16), generator=torch.Generator().manual_seed(4))
+    hold = capture.first_layer_inputs(model, decoder_layers(model)[1], list(ids), "cpu")
+    group = map_for(model.config).groups[2]  # post-attention norm -> gate/up, measured on the MLP
+    linears = {n: layer.get_submodule(n) for n in group.linears}
+    quantised = {n: W4 for n in linears}
+    block = layer.get_submodule(group.block)
+    assert scale_guard(layer, block, group, linears, quantised, hold, torch.ones(64), torch.float32) is None
+    wild = torch.exp(torch.randn(64, generator=torch.Generator().manual_seed(1)) * 3)  # scales spanning ~1e5
+    why = scale_guard(layer, block, group, linears, quantised, hold, wild, torch.float32)
+    assert why is not None and why.startswith("rtn scales: held-out error")
