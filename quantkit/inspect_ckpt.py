@@ -52,15 +52,17 @@ def inspect_checkpoint(folder) -> dict:
     quant_bytes = 0
     groups = list(qc.get("config_groups", {}).values())
     default_bits = groups[0]["weights"]["num_bits"] if len(groups) == 1 else 4
+    budget = meta.get("bit_budget") or {}
     for prefix in layers:
         parts = {s: heads[f"{prefix}.{s}"] for s in _SUFFIXES if f"{prefix}.{s}" in heads}
         lm = meta.get("layers", {}).get(prefix, {})
         sch = lm.get("scheme", {})
         if "weight_packed" in parts:
             out_f = parts["weight_packed"]["shape"][0]
-            # int32 words of 32 / bits codes, or (FP4) uint8 bytes of two
-            per = 2 if parts["weight_packed"]["dtype"] == "U8" else 32 // sch.get("num_bits", default_bits)
-            in_f = parts["weight_packed"]["shape"][1] * per
+            # int32 words of densely packed codes (3-bit ones straddle words), or (FP4) uint8 bytes of two
+            words = parts["weight_packed"]["shape"][1]
+            fp4 = parts["weight_packed"]["dtype"] == "U8"
+            in_f = 2 * words if fp4 else 32 * words // sch.get("num_bits", default_bits)
         else:
             parts["weight"] = heads[f"{prefix}.weight"]
             out_f, in_f = parts["weight"]["shape"]
@@ -70,6 +72,8 @@ def inspect_checkpoint(folder) -> dict:
             "layer": prefix,
             "scheme": sch.get("name", "?"),
             "group_size": sch.get("group_size"),
+            "bits": sch.get("num_bits", default_bits if len(groups) == 1 else None),
+            "sensitivity": budget.get("layers", {}).get(prefix, {}).get("sensitivity"),
             "symmetric": sch.get("symmetric"),
             "shape": [out_f, in_f],
             "bits_per_weight": round(8 * nbytes / (out_f * in_f), 3),
@@ -86,6 +90,9 @@ def inspect_checkpoint(folder) -> dict:
         "quant_method": qc.get("quant_method"),
         "layers": rows,
         "quantized_bytes": quant_bytes,
+        # over the quantised Linears, scales included: what --bits budgets
+        "average_bits_per_weight": round(8 * quant_bytes / max(1, quant_values), 4),
+        "bit_budget": {k: budget[k] for k in ("target", "average_bits")} if budget else None,
         "total_bytes": total,
         "source_bytes": source,
         "compression": round(source / total, 3) if source else None,

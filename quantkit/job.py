@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from .errors import UserError
-from .plan import Plan, build_plan
+from .plan import Plan, apply_bit_budget, build_plan
 from .recipe import Recipe
 from .schemes import get_scheme
 
@@ -59,6 +59,20 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
     return model, tok, src, None, build_plan(model, recipe, storage)
 
 
+def _weight_reader(model, weights):
+    """name -> a Linear's float weight, read from disk (and dropped again) when the model is loaded lazily."""
+    def read(name: str) -> torch.Tensor:
+        mod = model.get_submodule(name)
+        lazy = weights is not None and mod.weight.is_meta
+        if lazy:
+            weights.materialise([f"{name}.weight"])
+        w = mod.weight.detach().float().clone()
+        if lazy:
+            weights.release([name])
+        return w
+    return read
+
+
 def _calibration(recipe: Recipe, model, tok, src):
     from .data import load_calibration
 
@@ -79,6 +93,8 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     t0 = time.time()
     storage = resolve_dtype(recipe.dtype, read_config(folder))
     model, tok, src, weights, plan = _load(recipe, folder, storage, lazy)
+    if recipe.quant.bits is not None:
+        plan = apply_bit_budget(plan, model, recipe, _weight_reader(model, weights))
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
     calib, calib_meta = _calibration(recipe, model, tok, src) if plan.needs_data else (None, None)
     result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights)
@@ -124,4 +140,5 @@ def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_
         "dtypes": {"compute": str(next(model.parameters()).dtype), "storage": str(plan.storage_dtype)},
         "float_weights": [{"name": u.name, "values": u.numel, "module": u.module_type} for u in plan.uncovered],
         **({"moe": moe_summary(model, plan, result.stats)} if experts_modules(model) else {}),
+        **({"bit_budget": plan.bit_budget} if plan.bit_budget else {}),
     }

@@ -67,6 +67,7 @@ class Plan:
     storage_dtype: torch.dtype = torch.float32
     uncovered: list[Uncovered] = field(default_factory=list)  # matrix weights left in float, not ignored
     moe: dict = field(default_factory=dict)  # recipe.quant.moe: expert calibration knobs
+    bit_budget: dict | None = None  # --bits: the target, the average reached, each Linear's width and sensitivity
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
         scheme = self.schemes[name]
@@ -185,3 +186,45 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
                 needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq, smooth=smooth,
                 storage_dtype=storage, uncovered=uncovered, signround=signround,
                 moe=q.moe.model_dump())
+
+
+def _budget_candidates(recipe: Recipe, group_size: int | None) -> list[Scheme]:
+    q = recipe.quant
+    if q.targets:
+        raise UserError("--bits chooses every Linear's scheme; drop the recipe's targets: or --bits")
+    base = get_scheme(q.scheme)
+    if base.type != "int" or base.activations is not None:
+        raise UserError(f"--bits mixes 3/4/8-bit integer weights; use it with --scheme w4a16, not {q.scheme}")
+    return [_scheme(recipe, "w3a16", group_size, q.symmetric), _scheme(recipe, "w4a16", group_size, q.symmetric),
+            _scheme(recipe, "w8a16", None, q.symmetric)]
+
+
+def apply_bit_budget(plan: Plan, model: nn.Module, recipe: Recipe, read_weight) -> Plan:
+    """Give each Linear of PLAN a 3, 4 or 8-bit scheme so the average stored bits per weight is at most
+    recipe.quant.bits (solvers/bit_budget.py). read_weight(name) -> that Linear's float weight."""
+    from .solvers.bit_budget import Option, choose_widths, rounding_error, stored_bits
+
+    target = recipe.quant.bits
+    candidates = _budget_candidates(recipe, plan.group_size)
+    scale_bits = 8 * torch.empty((), dtype=plan.storage_dtype).element_size()  # scales are written in it
+    options = {}
+    for name in plan.schemes:
+        mod = model.get_submodule(name)
+        fits = [s for s in candidates if s.group_size == -1 or mod.in_features % s.group_size == 0]
+        w = read_weight(name)
+        options[name] = [Option(s, stored_bits(s, mod.out_features, mod.in_features, scale_bits),
+                                rounding_error(w, s, plan.options["scale_dtype"]), w.numel()) for s in fits]
+    try:
+        chosen = choose_widths(options, target)
+    except ValueError as e:
+        raise UserError(f"--bits {target} is below the cheapest mix ({e} bits per weight, every Linear at its "
+                        "fewest bits); raise --bits") from None
+    plan.schemes = {n: o.scheme for n, o in chosen.items()}
+    total = sum(o.weights for o in chosen.values())
+    plan.bit_budget = {
+        "target": target, "average_bits": round(sum(o.bits for o in chosen.values()) / total, 4),
+        "sensitivity": "squared RTN weight error per width",
+        "layers": {n: {"bits": o.scheme.num_bits, "group_size": o.scheme.group_size,
+                       "sensitivity": {str(x.scheme.num_bits): x.error for x in options[n]}}
+                   for n, o in chosen.items()}}
+    return plan

@@ -28,17 +28,21 @@ def inspect(
         emit_json(info)
         return
     t = Table(title=f"{info['checkpoint']} ({info['format']}, {info['method'] or '?'})")
-    for col in ("layer", "scheme", "group", "bits/weight", "weight err", "output err"):
+    for col in ("layer", "scheme", "bits", "group", "bits/weight", "weight err", "output err"):
         t.add_column(col, justify="left" if col == "layer" else "right")
     fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
     for r in info["layers"]:
-        t.add_row(r["layer"], r["scheme"], str(r["group_size"]), f"{r['bits_per_weight']:.2f}",
+        t.add_row(r["layer"], r["scheme"], str(r["bits"]), str(r["group_size"]), f"{r['bits_per_weight']:.2f}",
                   fmt(r["weight_rel_error"]), fmt(r["output_rel_error"]))
     out = Console()
     out.print(t)
     ratio = f" ({info['compression']}x smaller)" if info["compression"] else ""
     out.print(f"checkpoint {_mb(info['total_bytes'])} vs original {_mb(info['source_bytes'])}{ratio}; "
               f"{info['float_share']:.1%} of the parameters in float")
+    if info["bit_budget"]:
+        b = info["bit_budget"]
+        out.print(f"--bits {b['target']}: {info['average_bits_per_weight']:.3f} bits per quantised weight "
+                  f"(widths chosen per layer by rounding sensitivity, quantkit.json bit_budget)")
     if info["moe"]:
         m = info["moe"]
         out.print(f"experts: {m['experts']} quantised, fewest calibration tokens routed to one: "
