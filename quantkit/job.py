@@ -110,7 +110,16 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
             "scheme": recipe.quant.scheme, "group_size": plan.group_size,
             "mean_weight_rel_error": sum(errs) / len(errs) if errs else None,
             "seconds": round(time.time() - t0, 2), "calibration": calib_meta,
-            "loading": "layer by layer" if weights is not None else "whole model"}
+            "loading": "layer by layer" if weights is not None else "whole model",
+            "float_weights": len(plan.uncovered), "moe": _moe_line(meta.get("moe"))}
+
+
+def _moe_line(moe: dict | None) -> dict | None:
+    """The CLI summary's view of quantkit.json's moe record (per-expert counts stay in the file)."""
+    if not moe:
+        return None
+    return {"experts": moe["experts"], "fewest_routed_tokens": moe["fewest_routed_tokens"],
+            "rtn_fallback": len(moe["rtn_fallback"]), "calibrate_all_experts": moe["calibrate_all_experts"]}
 
 
 def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_meta, model) -> dict:

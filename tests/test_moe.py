@@ -132,6 +132,10 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
 
     calib = ["--method", "gptq", "--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32", "--moe-min-tokens", "0"]
     src, out = _quantize(cli, tmp_path, "qwen3_moe", *calib)
+    code, stdout, err = cli("quantize", src, "-o", tmp_path / "again", "--group-size", "32", *calib, "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)["moe"]
+    assert summary["experts"] == 16 and summary["rtn_fallback"] == 0 and summary["fewest_routed_tokens"] >= 0
     meta = json.loads((out / "quantkit.json").read_text())
     routed = meta["moe"]["routed_tokens"]["model.layers.0.mlp.experts"]
     assert sum(routed) == 4 * 32 * 2  # every token goes to top-2 experts

@@ -32,6 +32,10 @@ def _run(recipe, quiet: bool, as_json: bool) -> None:
         console.print(f"[green]wrote[/] {summary['output']}: {summary['layers']} layers, {summary['scheme']} "
                       f"{summary['method']} g{summary['group_size']}, mean weight error "
                       f"{err:.4f}, {summary['seconds']} s" if err is not None else f"[green]wrote[/] {summary['output']}")
+        if summary.get("moe"):
+            m = summary["moe"]
+            console.print(f"experts: {m['experts']} quantised; fewest calibration tokens routed to one: "
+                          f"{m['fewest_routed_tokens']}; rounded (RTN) for lack of tokens: {m['rtn_fallback']} Linears")
 
 
 # quantize's options -> the recipe fields they set; tests/test_cli_recipe_parity.py checks that every recipe
