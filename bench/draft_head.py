@@ -1,0 +1,99 @@
+"""Trained EAGLE head and early-exit drafts against plain decoding and prompt lookup, on the three prompt sets.
+
+Usage: python bench/draft_head.py --head HEAD [--early-exit 8] [--tokens 32] [--prompts 2] [-k 4]
+       [--threads 1,2] [--temperature 0.7] [--train-steps 200 ...]
+Without --head, a head is first trained on the embedded SmolLM2 (`quantkit draft train embedded`, with
+--train-data / --train-steps / --train-samples) and its training time reported. Every method decodes the same
+prompts with the same sampling parameters; greedy rows must give the plain row's text ("same text"), sampled
+rows are exact in distribution (tests/test_draft_*.py), not token for token. Decode tok/s leaves out the
+prefill, which the head's drafter repeats once per request for its prompt features.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from common import SETS, decode_ours, prompt_ids  # noqa: E402
+from quantkit.drafts import drafter_factory  # noqa: E402
+from quantkit.drafts.eagle_train import TrainOptions  # noqa: E402
+from quantkit.drafts.train_job import train_draft_head  # noqa: E402
+from quantkit.open_model import open_model  # noqa: E402
+from quantkit.runtime.generate import eos_ids  # noqa: E402
+from quantkit.runtime.sampling import SamplingParams  # noqa: E402
+
+
+def _args():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head", help="a trained head folder (default: train one first, into --train-out)")
+    ap.add_argument("--train-out", default="bench/out/smollm2-head")
+    ap.add_argument("--train-data", default="self")
+    ap.add_argument("--train-samples", type=int, default=96)
+    ap.add_argument("--train-seq-len", type=int, default=128)
+    ap.add_argument("--train-steps", type=int, default=200)
+    ap.add_argument("--early-exit", type=int, default=8, help="layers of the early-exit draft (SmolLM2 has 30)")
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--prompts", type=int, default=2)
+    ap.add_argument("-k", type=int, default=4, help="tokens drafted per step by the head and the early exit")
+    ap.add_argument("--lookup-k", type=int, default=8)
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--temperature", type=float, default=0.7, help="for the sampled rows")
+    ap.add_argument("--sets", default=",".join(SETS))
+    return ap.parse_args()
+
+
+def _train(a) -> tuple[str, str]:
+    t = time.perf_counter()
+    r = train_draft_head("embedded", a.train_out, data=a.train_data, samples=a.train_samples,
+                         seq_len=a.train_seq_len, opts=TrainOptions(steps=a.train_steps), device="cpu")
+    best = min(r["history"], key=lambda h: h["heldout_loss"])
+    note = (f"head trained in {time.perf_counter() - t:.0f} s ({r['data_s']:.0f} s text, {r['feature_s']:.0f} s "
+            f"target features, {r['train_s']:.0f} s for {r['steps'] - r['resumed_from']} steps on "
+            f"{r['train_tokens']} tokens); held-out top-1 agreement {best['heldout_top1']:.1%}, "
+            f"loss {best['heldout_loss']:.3f} (untrained: {r['history'][0]['heldout_loss']:.3f})")
+    return a.train_out, note
+
+
+def main():
+    a = _args()
+    head, note = (a.head, "head given") if a.head else _train(a)
+    print(note, flush=True)
+    opened = open_model("embedded", draft=head)
+    model, tok = opened.model, opened.tokenizer
+    eos = eos_ids(model, tok)
+    early = drafter_factory(model, tok, draft=f"early-exit:{a.early_exit}")
+    lookup = drafter_factory(model, tok, prompt_lookup=3)
+    methods = [("plain", None, a.k), (f"prompt lookup k={a.lookup_k}", lookup, a.lookup_k),
+               (f"early-exit:{a.early_exit} k={a.k}", early, a.k), (f"EAGLE head k={a.k}", opened.make_drafter, a.k)]
+    print(f"embedded SmolLM2-135M float32, {a.prompts} prompts per set, up to {a.tokens} tokens; decode tok/s "
+          f"leaves out the prefill")
+    print("| threads | prompt set | sampling | method | decode tok/s | vs plain | tokens per target forward | "
+          "same text |")
+    print("|---|---|---|---|---|---|---|---|")
+    with torch.inference_mode():
+        decode_ours(model, prompt_ids(tok, "open_prose", 1), SamplingParams(max_tokens=4), a.k,
+                    opened.make_drafter, eos)  # warm-up
+        for threads in [int(x) for x in a.threads.split(",")]:
+            torch.set_num_threads(threads)
+            for name in a.sets.split(","):
+                prompts = prompt_ids(tok, name, a.prompts)
+                for mode, params in (("greedy", SamplingParams(max_tokens=a.tokens)),
+                                     (f"T={a.temperature}", SamplingParams(max_tokens=a.tokens,
+                                                                           temperature=a.temperature, seed=1))):
+                    base = None
+                    for label, make, k in methods:
+                        speed, _, tpf, outs = decode_ours(model, prompts, params, k, make, eos)
+                        base = base or (speed, outs)
+                        same = ("yes" if outs == base[1] else "NO") if mode == "greedy" else "-"
+                        print(f"| {threads} | {name} | {mode} | {label} | {speed:.1f} | {speed / base[0]:.2f}x | "
+                              f"{tpf:.2f} | {same} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
