@@ -155,3 +155,35 @@ def test_sampled_sequences_with_a_head_follow_the_target():
     # 800 draws on 16 outcomes: an exact sampler's TV stays under ~0.06 (tests/test_speculative.py)
     assert tv < 0.09
     assert 0.1 < kept / drafted < 0.9  # drafts were both kept and refused, so the rule's both branches ran
+
+
+def test_cli_trains_a_head_that_generate_drafts_with(tmp_path):
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+    from typer.testing import CliRunner
+
+    import quantkit.cli.draft_cmd  # noqa: F401  (registers the commands)
+    import quantkit.cli.generate_cmd  # noqa: F401
+    from quantkit.cli import app
+    from quantkit.models.embedded import embedded_model_dir
+
+    tok = AutoTokenizer.from_pretrained(embedded_model_dir())
+    folder, head = tmp_path / "tiny", tmp_path / "head"
+    tiny_llama(vocab_size=len(tok), hidden=32, seed=9).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    text = Path(__file__).resolve().parent.parent / "calibration" / "texts" / "prose_calib.txt"
+    run = CliRunner().invoke
+    with single_thread():
+        r = run(app, ["draft", "train", str(folder), "-o", str(head), "--data", str(text), "--samples", "8",
+                      "--seq-len", "16", "--steps", "4", "--eval-every", "2", "--device", "cpu", "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["steps"] == 4 and (head / "model.safetensors").is_file()
+        args = ["generate", str(folder), "--prompt", "The lighthouse keeper", "--max-tokens", "8", "--json"]
+        drafted, plain = run(app, args + ["--draft", str(head)]), run(app, args)
+    assert drafted.exit_code == 0, drafted.output
+    assert json.loads(drafted.stdout)["completion"] == json.loads(plain.stdout)["completion"]
+    assert json.loads(drafted.stdout)["metrics"]["spec_steps"] > 0
+    bad = run(app, ["draft", "train", str(folder), "-o", str(head), "--steps", "0"])
+    # the app raises it; quantkit's main() turns a UserError into one line and exit code 2
+    assert isinstance(bad.exception, UserError) and "--steps must be at least 1" in str(bad.exception)
