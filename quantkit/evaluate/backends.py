@@ -80,15 +80,17 @@ def score_transformers(path: str, windows, prompts, max_new: int, dtype: str) ->
 def _transformers_kwargs(path: str) -> dict:
     """transformers 5.24's compressed path registers zero points unpacked and re-initialises the packed ones it
     reads (a load error naming every weight_zero_point); its dequantize=True path runs compressed-tensors' own
-    decompress, which reads them as written. Asymmetric checkpoints take that path, and so do FP4 ones: the
-    compressed path decompresses their weights to bfloat16 at every call, which a float16/float32 model refuses."""
+    decompress, which reads them as written. Asymmetric checkpoints take that path, and so do weight-only FP4
+    ones: the compressed path decompresses their weights to bfloat16 at every call, which a float16/float32 model
+    refuses. FP4 with activations (nvfp4-a4) stays on the compressed path, the only one that quantises them
+    (dequantize=True would score the weights alone): it runs in bfloat16."""
     from transformers import CompressedTensorsConfig
 
     qc = json.loads((Path(path) / "config.json").read_text()).get("quantization_config") or {}
     groups = (qc.get("config_groups") or {}).values()
     asym = any((g.get("weights") or {}).get("symmetric") is False for g in groups)
     fp4 = any((g.get("weights") or {}).get("type") == "float" and (g.get("weights") or {}).get("num_bits") == 4
-              for g in groups)
+              and not g.get("input_activations") for g in groups)
     return {"quantization_config": CompressedTensorsConfig(dequantize=True)} if asym or fp4 else {}
 
 
