@@ -1,0 +1,138 @@
+"""Learned rounding (--method signround): the straight-through quantiser, codes on the grid, the layer's output
+error going down from RTN's, the held-out guard's fallback, and a checkpoint that loads as it was solved."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import make_tiny_model, tiny_model
+from test_data_support import SAMPLE, tiny_tokenizer
+
+import quantkit
+from quantkit.data import load_calibration
+from quantkit.models.hf import load_float_model
+from quantkit.pipeline import capture, quantize_model
+from quantkit.plan import build_plan
+from quantkit.recipe import Recipe
+from quantkit.schemes import get_scheme
+from quantkit.solvers.rtn import rtn_quantize
+from quantkit.solvers.signround import SignRoundTransform, split_samples
+from quantkit.solvers.signround_quant import LearnedRounding
+
+
+def _w(out=8, n_in=64, seed=0):
+    return torch.randn(out, n_in, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("sym", [True, False])
+def test_untrained_rounding_is_rtn_and_codes_stay_on_the_grid(sym):
+    scheme = get_scheme("w4a16").with_options(group_size=32, symmetric=sym)
+    w = _w()
+    r = LearnedRounding(w, scheme, torch.float16)
+    assert torch.equal(r.fake().detach(), rtn_quantize(w, scheme, scale_dtype=torch.float16).dequantize())
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # any point of the learnable box
+        r.v.copy_(torch.rand(r.v.shape, generator=g) - 0.5)
+        r.hi.copy_(0.5 + 0.5 * torch.rand(r.hi.shape, generator=g))
+        r.lo.copy_(0.5 + 0.5 * torch.rand(r.lo.shape, generator=g))
+    qw = r.qweight()
+    assert qw.q.dtype == torch.int8 and qw.q.min() >= scheme.qmin and qw.q.max() <= scheme.qmax
+    assert torch.equal(qw.scale, qw.scale.half().float())  # what a float16 checkpoint stores
+    # the writer's dequantisation is what was optimised, bit for bit
+    assert torch.equal(qw.dequantize(), r.fake().detach())
+    # an offset of at most 0.5 moves a code at most one step from nearest rounding at the same scale
+    scale = qw.scale.repeat_interleave(32, 1)
+    zero = 0 if qw.zero is None else qw.zero.float().repeat_interleave(32, 1)
+    nearest = torch.clamp(torch.round(w / scale) + zero, scheme.qmin, scheme.qmax)
+    assert (qw.q.float() - nearest).abs().max() <= 1
+
+
+def test_straight_through_gradient_matches_a_float64_reference():
+    scheme = get_scheme("w4a16").with_options(group_size=32, symmetric=True)
+    w = _w(seed=2)
+    r = LearnedRounding(w, scheme, torch.float16, clip=False)
+    upstream = torch.randn(w.shape, generator=torch.Generator().manual_seed(3))
+    (r.fake() * upstream).sum().backward()
+    # d fake / d v = scale where the code is inside [qmin, qmax] (round passes the gradient through), else 0
+    qw = r.qweight()
+    scale = qw.scale.double().repeat_interleave(32, 1)
+    pre = w.double() / scale
+    inside = (torch.round(pre) >= scheme.qmin) & (torch.round(pre) <= scheme.qmax)
+    want = torch.where(inside, upstream.double() * scale, torch.zeros_like(scale))
+    got = r.v.grad.reshape(w.shape).double()
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-9)
+    assert inside.float().mean() > 0.9  # most codes are in range, so the check is not vacuous
+
+
+def _layer_inputs(model, samples):
+    from quantkit.models.hf import decoder_layers
+
+    _, layers = decoder_layers(model)
+    return layers, capture.first_layer_inputs(model, layers, samples, "cpu")
+
+
+def _targets(layer, prefix, scheme):
+    return {m: (f"{prefix}.{n}", scheme) for n, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
+
+
+def test_block_loss_drops_below_rtn_and_the_guard_can_refuse():
+    model = tiny_model("llama")
+    samples = [torch.randint(0, 500, (1, 32), generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    layers, inputs = _layer_inputs(model, samples)
+    scheme = get_scheme("w4a16").with_options(group_size=32, symmetric=True)
+    targets = _targets(layers[0], "model.layers.0", scheme)
+    out = SignRoundTransform(model, {"iters": 20, "batch": 2}).apply(0, layers[0], inputs, targets)
+    stats = out["stats"]["model.layers.0.mlp.down_proj"]
+    assert stats["signround_final_loss"] < 0.8 * stats["signround_initial_loss"]
+    assert stats["signround_heldout_samples"] == 1 and stats["signround_fallback"] is None
+    assert 0 < stats["signround_mean_abs_v"] <= 0.5
+    assert set(out["solved"]) == {n for n, _ in targets.values()}
+    forced = SignRoundTransform(model, {"iters": 2, "force_fallback": True}).apply(0, layers[0], inputs, targets)
+    assert forced["solved"] == {}
+    assert all(s["signround_fallback"].startswith("rtn") for s in forced["stats"].values())
+
+
+def test_split_keeps_held_out_samples_apart():
+    assert split_samples(32, 0.125) == (list(range(28)), [28, 29, 30, 31])
+    assert split_samples(3, 0.01) == ([0, 1], [2])  # at least one held out
+    assert split_samples(1, 0.5) == ([0], [])
+
+
+def test_fallen_back_layers_get_rtn_codes():
+    model = tiny_model("llama", layers=1)
+    samples = [torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    recipe = Recipe.model_validate({"quant": {"method": "signround", "group_size": 32,
+                                              "signround": {"iters": 2}}})
+    plan = build_plan(model, recipe)
+    plan.signround["force_fallback"] = True
+    w = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+    res = quantize_model(model, plan, samples)
+    name = "model.layers.0.mlp.up_proj"
+    assert res.stats[name]["signround_fallback"].startswith("rtn")
+    assert torch.equal(res.qweights[name].q, rtn_quantize(w, plan.schemes[name], scale_dtype=torch.float16).q)
+
+
+def test_cli_checkpoint_loads_and_computes_the_solved_model(tmp_path, cli):
+    src = make_tiny_model(tmp_path / "tiny", "llama")
+    tiny_tokenizer().save_pretrained(src)
+    out = tmp_path / "out"
+    args = ["--method", "signround", "--group-size", "32", "--calib", SAMPLE, "--num-samples", "4",
+            "--seq-len", "32", "--signround-iters", "8", "--dtype", "float32"]
+    code, _, err = cli("quantize", src, "-o", out, *args, "-q")
+    assert code == 0, err
+    layers = json.loads((out / "quantkit.json").read_text())["layers"]
+    assert len(layers) == 14 and all(s["signround_iters"] == 8 for s in layers.values())
+    # the same run in memory: same tokens, same seeded steps, so the same codes
+    model, tok, _ = load_float_model(str(src), "float32")
+    recipe = Recipe.model_validate({"quant": {"method": "signround", "group_size": 32, "signround": {"iters": 8}}})
+    calib = load_calibration(spec=str(SAMPLE), tokenizer=tok, num_samples=4, seq_len=32, seed=0)
+    ids = torch.randint(0, 400, (2, 24), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        float_logits = model(ids).logits
+    quantize_model(model, build_plan(model, recipe), calib.samples)
+    loaded = quantkit.load(str(out))
+    with torch.no_grad():
+        want, got = model(ids).logits, loaded(ids).logits
+    assert ((got - want).norm() / want.norm()).item() < 1e-4  # same codes; only summation order differs
+    assert ((got - float_logits).norm() / float_logits.norm()).item() > 1e-3
