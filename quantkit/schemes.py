@@ -67,8 +67,8 @@ PRESETS: dict[str, Scheme] = {
     # weight-only FP4; the group sizes are the formats' own and cannot be changed
     "nvfp4": Scheme("nvfp4", 4, "float", True, 16, weight_strategy_override="tensor_group"),
     "mxfp4": Scheme("mxfp4", 4, "float", True, 32),
-    # nvfp4 weights and activations: E2M1 per 16 at run time under a calibrated global input scale
-    "nvfp4-a4": Scheme("nvfp4-a4", 4, "float", True, 16, activations="dynamic",
+    # nvfp4 weights and activations: E2M1 per 16 at run time under a static (calibrated) global input scale
+    "nvfp4-a4": Scheme("nvfp4-a4", 4, "float", True, 16, activations="static",
                        weight_strategy_override="tensor_group"),
     # INT8 weights per channel and INT8 activations (compressed-tensors `int-quantized`, the W8A8 preset)
     "w8a8": Scheme("w8a8", 8, "int", True, -1, activations="dynamic"),

@@ -125,6 +125,8 @@ def _schemes() -> list[str]:
         group = "tensor" if s.strategy == "tensor" else ("per channel" if s.group_size == -1 else str(s.group_size))
         kind = "INT8" if s.type == "int" else "FP8"
         acts = {None: "16-bit", "dynamic": f"{kind}, per token at run time", "static": f"{kind}, calibrated per tensor"}
+        if s.is_fp4:  # NVFP4 activations: E4M3 scales per 16 at run time under one calibrated global scale
+            acts["static"] = "FP4, per 16 at run time, calibrated global scale"
         lines.append(f"| `{name}` | {s.num_bits}-bit {s.type} | {group} | {acts[s.activations]} |")
     return lines + [""]
 

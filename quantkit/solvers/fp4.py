@@ -15,22 +15,29 @@ from ..qweight import QWeight
 from ..schemes import Scheme
 from .base import LinearSolver
 from .fp4_grid import fp4_quantize
-from .gptq import GPTQSolver
+from .fp8_gptq import FP8GPTQSolver
 
 
 class InputAbsmax:
-    """The largest input magnitude a Linear saw in calibration, and the global input scale it gives."""
+    """The largest input magnitude a Linear saw in calibration, and the global input scale it gives (the calls of
+    fp8_input_scale.InputScale, so FP8GPTQSolver and share_inputs drive it)."""
 
-    def __init__(self):
+    def __init__(self, name: str, weight: torch.Tensor | None = None):
+        self.name = name
         self.amax = torch.zeros(())
 
     def add(self, x: torch.Tensor) -> None:
         self.amax = torch.maximum(self.amax, x.detach().abs().amax().float().cpu())
 
-    def attach(self, qw: QWeight, name: str) -> QWeight:
+    def merged(self, others: list["InputAbsmax"]) -> "InputAbsmax":
+        out = InputAbsmax(self.name)
+        out.amax = torch.stack([self.amax, *(o.amax for o in others)]).max()
+        return out
+
+    def attach(self, qw: QWeight, scale_dtype=None) -> QWeight:
         if not bool(torch.isfinite(self.amax)) or not self.amax > 0:
-            raise UserError(f"the calibration inputs of {name} are all zero or not finite; no FP4 input scale can "
-                            "be chosen from them: check the calibration text, or --ignore the layer")
+            raise UserError(f"the calibration inputs of {self.name} are all zero or not finite; no FP4 input scale "
+                            "can be chosen from them: check the calibration text, or --ignore the layer")
         qw.input_scale = fp4.nvfp4_global_scale(self.amax)
         return qw
 
@@ -49,31 +56,23 @@ class FP4StaticSolver(FP4Solver):
 
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)
-        self.input_absmax = InputAbsmax()
+        self.inputs = InputAbsmax(name)
 
     def add_batch(self, x: torch.Tensor) -> None:
-        self.input_absmax.add(x)
+        self.inputs.add(x)
 
     def solve(self) -> QWeight:
-        return self.input_absmax.attach(super().solve(), self.name)
+        return self.inputs.attach(super().solve())
 
 
-class FP4GPTQSolver(GPTQSolver):
+class FP4GPTQSolver(FP8GPTQSolver):
     """GPTQ in column order onto FP4Grid (gptq.py picks the grid by scheme); for nvfp4-a4 also the global input
-    scale from the same calibration batches."""
+    scale from the same calibration batches (FP8GPTQSolver's input hooks, with InputAbsmax)."""
+
+    input_scale_class = InputAbsmax
 
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, {**options, "actorder": None})
-        self.input_absmax = InputAbsmax() if scheme.activations else None
-
-    def add_batch(self, x: torch.Tensor) -> None:
-        super().add_batch(x)
-        if self.input_absmax is not None:
-            self.input_absmax.add(x)
-
-    def solve(self) -> QWeight:
-        qw = super().solve()
-        return qw if self.input_absmax is None else self.input_absmax.attach(qw, self.name)
 
 
 def solver_class(method: str, scheme: Scheme | None = None) -> type[LinearSolver]:
