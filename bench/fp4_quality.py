@@ -32,6 +32,8 @@ ROWS: dict[str, dict | None] = {
     "nvfp4 GPTQ": {"scheme": "nvfp4", "method": "gptq"},
     "mxfp4 RTN": {"scheme": "mxfp4", "method": "rtn"},
     "mxfp4 GPTQ": {"scheme": "mxfp4", "method": "gptq"},
+    "nvfp4-a4 RTN (activations too)": {"scheme": "nvfp4-a4", "method": "rtn"},
+    "nvfp4-a4 GPTQ (activations too)": {"scheme": "nvfp4-a4", "method": "gptq"},
 }
 
 
