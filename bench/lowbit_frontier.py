@@ -6,7 +6,8 @@
 Each row is a whole `quantkit quantize` job (quantize_to_checkpoint: the --bits allocation runs there), then
 quantkit.load of the checkpoint and perplexity on bench/data/eval_prose.txt; bits per weight are `quantkit
 inspect`'s (codes in int32 words plus every scale, over the quantised Linears; the float16 checkpoint's scales
-are 16 bits). Calibration: 32 x 256 tokens of calibration/texts/prose_calib.txt. Writes docs/lowbit_frontier.png.
+are 16 bits). Calibration: 10 x 256 tokens of calibration/texts/prose_calib.txt (all it holds: 2671 tokens).
+Writes docs/lowbit_frontier.png.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ sys.path.insert(0, str(HERE))
 
 from quality_common import load_model, perplexity  # noqa: E402
 
-SCHEMES = {"W4 g64": {"scheme": "w4a16", "group_size": 64}, "W3 g64": {"scheme": "w3a16", "group_size": 64},
+SCHEMES = {"W4 g64": {"scheme": "w4a16", "group_size": 64}, "W4 g32": {"scheme": "w4a16", "group_size": 32},
+           "W3 g64": {"scheme": "w3a16", "group_size": 64},
            "W3 g32": {"scheme": "w3a16", "group_size": 32}, "W2 g32": {"scheme": "w2a16", "group_size": 32},
            "--bits 3.5": {"bits": 3.5}, "--bits 4.5": {"bits": 4.5}}
 ROWS = {f"{m.upper()} {s}": {**q, "method": m} for m in ("rtn", "gptq") for s, q in SCHEMES.items()}
@@ -37,7 +39,7 @@ def build(label: str, model_path: str, calib: str, workdir: str):
     out = Path(workdir) / label.replace(" ", "_").replace("-", "")
     recipe = Recipe.model_validate({
         "model": model_path, "output": str(out), "overwrite": True, "device": "cpu", "quant": ROWS[label],
-        "calibration": {"spec": calib, "num_samples": 32, "seq_len": 256, "seed": 0}})
+        "calibration": {"spec": calib, "num_samples": 10, "seq_len": 256, "seed": 0}})
     t0 = time.time()
     quantize_to_checkpoint(recipe)
     seconds = time.time() - t0
@@ -104,7 +106,7 @@ def main(argv=None) -> None:
                   f"| {seconds:.0f} |", flush=True)
             if a.plot:  # redrawn after each row, so a run cut short still leaves its frontier
                 plot(points, base, Path(a.plot))
-    print(f"\ncalibration: prose_calib.txt, 32 x 256 tokens; evaluation: eval_prose.txt, {len(windows)} windows x 512 "
+    print(f"\ncalibration: prose_calib.txt, 10 x 256 tokens; evaluation: eval_prose.txt, {len(windows)} windows x 512 "
           "tokens")
     if a.plot:
         print(f"plot: {a.plot}")

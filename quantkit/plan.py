@@ -195,8 +195,11 @@ def _budget_candidates(recipe: Recipe, group_size: int | None) -> list[Scheme]:
     base = get_scheme(q.scheme)
     if base.type != "int" or base.activations is not None:
         raise UserError(f"--bits mixes 3/4/8-bit integer weights; use it with --scheme w4a16, not {q.scheme}")
-    return [_scheme(recipe, "w3a16", group_size, q.symmetric), _scheme(recipe, "w4a16", group_size, q.symmetric),
-            _scheme(recipe, "w8a16", None, q.symmetric)]
+    # a ladder of widths and group sizes: halving the group costs a quarter bit (16-bit scales at g64) and is
+    # often the cheapest step down in error, between the large steps from 3 to 4 and from 4 to 8 bits
+    groups = [group_size] if group_size in (None, -1) or group_size // 2 < 32 else [group_size, group_size // 2]
+    return [_scheme(recipe, name, g, q.symmetric) for name in ("w3a16", "w4a16") for g in groups] + [
+        _scheme(recipe, "w8a16", None, q.symmetric)]
 
 
 def apply_bit_budget(plan: Plan, model: nn.Module, recipe: Recipe, read_weight) -> Plan:
@@ -225,6 +228,11 @@ def apply_bit_budget(plan: Plan, model: nn.Module, recipe: Recipe, read_weight) 
         "target": target, "average_bits": round(sum(o.bits for o in chosen.values()) / total, 4),
         "sensitivity": "squared RTN weight error per width",
         "layers": {n: {"bits": o.scheme.num_bits, "group_size": o.scheme.group_size,
-                       "sensitivity": {str(x.scheme.num_bits): x.error for x in options[n]}}
+                       "sensitivity": {_width_name(x.scheme): x.error for x in options[n]}}
                    for n, o in chosen.items()}}
     return plan
+
+
+def _width_name(s: Scheme) -> str:
+    """'3g64', '4g32', '8' (per channel): a key of quantkit.json's bit_budget sensitivities."""
+    return f"{s.num_bits}" if s.group_size == -1 else f"{s.num_bits}g{s.group_size}"

@@ -114,7 +114,9 @@ def test_plan_upgrades_the_outlier_layer_and_records_it():
     assert bits[P] == max(bits.values()) and bits[P] > min(bits.values())
     b = plan.bit_budget
     assert b["average_bits"] <= 3.8 and b["layers"][P]["bits"] == bits[P]
-    assert set(b["layers"][P]["sensitivity"]) == {"3", "4", "8"}
+    sens = b["layers"][P]["sensitivity"]
+    assert set(sens) == {"3g64", "3g32", "4g64", "4g32", "8"}  # the tiny model's default group is 64
+    assert sens["3g64"] > sens["3g32"] > sens["4g64"] > sens["4g32"] > sens["8"] > 0
     with pytest.raises(UserError, match="below the cheapest mix"):
         r = Recipe.model_validate({"quant": {"bits": 2.5}})
         apply_bit_budget(build_plan(model, r), model, r, lambda n: model.get_submodule(n).weight.float())
