@@ -48,22 +48,6 @@ def test_greedy_with_early_exit_equals_plain_on_50_prompts():
     assert steps > 100 and accepted > 0  # drafts were made and checked, some kept
 
 
-def test_greedy_with_early_exit_on_the_embedded_model():
-    from quantkit.open_model import open_model
-
-    opened = open_model("embedded", draft="early-exit:10")
-    tok = opened.tokenizer
-    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a quiet village,"]
-    with single_thread():
-        for text in texts:
-            ids = tok(text)["input_ids"]
-            plain = generate(opened.model, ids, SamplingParams(max_tokens=12)).output_ids()
-            seq = generate(opened.model, ids, SamplingParams(max_tokens=12), drafter=opened.make_drafter(),
-                           cost_aware=False)
-            assert seq.output_ids() == plain, text
-            assert seq.metrics.spec_steps > 0
-
-
 def test_sampled_sequences_with_early_exit_follow_the_target():
     # As tests/test_speculative.py's end-to-end test: tokens 2 and 3 come from verify steps; their joint law,
     # exact by enumeration, is what the sampler must reproduce.
