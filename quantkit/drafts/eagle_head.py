@@ -166,6 +166,10 @@ def load_head(path, target) -> EagleHead:
     from safetensors.torch import load_file
 
     path = Path(path)
+    inner = getattr(target, "model", None)
+    if not (hasattr(inner, "rotary_emb") and hasattr(inner, "norm")):
+        raise UserError(f"--draft {path}: a draft head needs a Llama-family target (rotary positions, a final "
+                        f"norm); {type(target).__name__} is not one: use --draft self-w4 or --prompt-lookup")
     cfg = json.loads((path / CONFIG).read_text())
     tcfg = target.config
     for key in ("hidden_size", "vocab_size"):
