@@ -19,7 +19,7 @@ def generate_cmd(
     top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass (1: off)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed"),
     stop: list[str] = typer.Option([], "--stop", help="stop string (repeatable)"),
-    draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, or 'self-w4' (the target's own W4 RTN quantisation)"),
+    draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, a head folder from 'quantkit draft train', 'early-exit:N' (the target's first N layers), or 'self-w4' (the target's own W4 RTN quantisation)"),
     prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by prompt lookup: match the last N down to 2 tokens (N=1: single tokens)"),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),

@@ -92,7 +92,7 @@ def serve_cmd(
     host: str = typer.Option("127.0.0.1", "--host", help="address to bind (default: this machine only)"),
     port: int = typer.Option(8000, "--port", help="TCP port (0: any free port)"),
     model_name: Optional[str] = typer.Option(None, "--model-name", help="name clients send as 'model' (default: the folder name)"),
-    draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, or 'self-w4'"),
+    draft: Optional[str] = typer.Option(None, "--draft", help="draft model folder, a head folder from 'quantkit draft train', 'early-exit:N', or 'self-w4'"),
     prompt_lookup: Optional[int] = typer.Option(None, "--prompt-lookup", help="draft by prompt lookup: match the last N down to 2 tokens (N=1: single tokens)"),
     num_speculative_tokens: int = typer.Option(4, "--num-speculative-tokens", help="tokens drafted per verify step"),
     spec_max_batch: Optional[int] = typer.Option(None, "--spec-max-batch", help="speculate only while at most this many requests are active (default: 8 for float32 models, 3 for float16 checkpoints, 2 for int4/int8 checkpoints on a CPU, where it was measured to stop paying)"),
