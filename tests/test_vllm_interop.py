@@ -3,7 +3,8 @@
 vLLM runs in its own venv (bench/vllm_env.sh makes it when QUANTKIT_VLLM_PYTHON does not name one; CI builds
 it here). For each case of quantkit/evaluate/interop.py the embedded SmolLM2-135M is quantised with its scales
 in the serving dtype, then vLLM and transformers score the same windows and continue the same prompts:
-perplexity within 0.5%, the first 16 greedy tokens equal in float16, per-token log-probs close. Schemes the
+perplexity within 0.5%, the first 16 greedy tokens equal in float16, per-token log-probs close (W8A8 is compared
+with quantkit's runtime instead: transformers rounds its activations by another rule). Schemes the
 CPU build has no kernel for (8-bit weights, FP8) must be refused by vLLM itself, with its own message, so a
 checkpoint it would mis-load cannot pass as GPU-only.
 """
@@ -73,8 +74,12 @@ def test_vllm_scores_the_checkpoint_as_transformers_does(rows, case):
     assert v["ok"], f"vLLM did not load {case.name}: {r['vllm_error']}"
     assert abs(v["ppl_rel"]) <= 0.005, (case.name, r["transformers_ppl"], v["ppl"])
     # per token, the engines' summation orders differ (measured 0.006 in float16, 0.04-0.05 in bfloat16); a
-    # wrong scale or zero point moves every token by far more
-    assert v["logprob_mean_abs"] < (0.02 if case.dtype == "float16" else 0.08), v["logprob_mean_abs"]
+    # wrong scale or zero point moves every token by far more. W8A8 (compared with quantkit's runtime, which
+    # rounds activations by vLLM's rule): a bfloat16 input one ulp apart flips its int8 code, and SmolLM2's
+    # per-token int8 activations amplify each flip (measured 0.23 and 0.12); its perplexity gate above still holds
+    # to 0.06-0.22%, where a wrong scale layout costs tens of percent
+    limit = 0.3 if case.reference == "quantkit" else (0.02 if case.dtype == "float16" else 0.08)
+    assert v["logprob_mean_abs"] < limit, v["logprob_mean_abs"]
     if case.dtype == "float16":  # 16 equal tokens, or a parting where transformers' top two were a near-tie
         assert v["greedy_ok"], f"greedy tokens part at {v['greedy_agree']}, gaps {v['parting_margin']}"
 

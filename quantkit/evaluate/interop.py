@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .backends import Scores, compare, score_transformers, score_vllm
+from .backends import Scores, compare, score_quantkit, score_transformers, score_vllm
 
 CALIB = {"calibration.spec": "{texts}/prose_calib.txt", "calibration.num_samples": 16, "calibration.seq_len": 128}
 # AWQ's format is what is checked here, not its search: a coarse grid on few tokens keeps CI short
@@ -28,6 +28,10 @@ class Case:
     cpu: bool = True  # vLLM's CPU build has a kernel for it
     kv_cache_dtype: str | None = None
     targets: list = field(default_factory=list)
+    # the engine vLLM is compared with: transformers, or quantkit's runtime where transformers' compressed-tensors
+    # forward rounds activations by another rule (W8A8: absmax/127.5 per token against vLLM's and quantkit's /127,
+    # 1-2% perplexity apart on SmolLM2, whose int8 activations amplify any rounding change)
+    reference: str = "transformers"
 
 
 CASES = [
@@ -45,6 +49,12 @@ CASES = [
     Case("w4 g64 sym rtn", {"quant.group_size": 64}, dtype="bfloat16"),
     Case("w4 g64 gptq act-order weight", {"quant.group_size": 64, "quant.method": "gptq",
                                           "quant.gptq.actorder": "weight", **CALIB}, dtype="bfloat16"),
+    # W8A8 INT8 runs on vLLM's CPU INT8 kernels, served in bfloat16: on an AMX CPU its int8 GEMM aborts the engine
+    # for float16 activations ("scale_C: scalar path not implemented", sgl-kernels/gemm_int8.cpp). SmoothQuant with
+    # a fixed alpha: the format is checked here, not the search, which would cost minutes
+    Case("w8a8 rtn", {"quant.scheme": "w8a8"}, dtype="bfloat16", reference="quantkit"),
+    Case("w8a8 smooth 0.5 rtn", {"quant.scheme": "w8a8", "quant.smooth": True, "quant.smooth_alpha": 0.5, **CALIB},
+         dtype="bfloat16", reference="quantkit"),
     Case("w8 channel rtn", {"quant.scheme": "w8a16", "quant.group_size": -1}, cpu=False),
     Case("fp8 dynamic", {"quant.scheme": "fp8-dynamic"}, cpu=False),
 ]
@@ -101,9 +111,11 @@ def run(cases: list[Case], paths: list[Path], windows, prompts, max_new: int, vl
     served = [served[i] for i in range(len(cases))]
     rows = []
     for case, path, vl in zip(cases, paths, served):
-        ref = score_transformers(str(path), windows, prompts, max_new, case.dtype) if case.cpu or vl.ok \
+        score_ref = score_quantkit if case.reference == "quantkit" else score_transformers
+        ref = score_ref(str(path), windows, prompts, max_new, case.dtype) if case.cpu or vl.ok \
             else Scores("transformers", False, error="not scored: vLLM refused the checkpoint")
         row = {"case": case.name, "dtype": case.dtype, "cpu_kernel": case.cpu, "path": str(path),
+               "reference": case.reference,
                "transformers_ppl": ref.perplexity, "vllm": compare(ref, vl), "vllm_error": vl.error}
         if case.kv_cache_dtype:
             k = kv_scores[cases.index(case)]
@@ -120,7 +132,8 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         v = r["vllm"]
         if v["ok"]:
-            lines.append(f"| {r['case']} | {r['dtype']} | {r['transformers_ppl']:.4f} | {v['ppl']:.4f} | "
+            case = r["case"] + (" (reference: quantkit's runtime)" if r.get("reference") == "quantkit" else "")
+            lines.append(f"| {case} | {r['dtype']} | {r['transformers_ppl']:.4f} | {v['ppl']:.4f} | "
                          f"{100 * v['ppl_rel']:+.3f}% | {v['logprob_mean_abs']:.4f} | {_greedy_cell(v)} |")
             k = r.get("vllm_kv")
             if k and k["ok"]:
