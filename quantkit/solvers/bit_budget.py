@@ -1,12 +1,11 @@
 """Mixed precision under a bit budget: which integer width each Linear gets so the average fits a target.
 
-Sensitivity is a weight-only proxy: the squared Frobenius error ||W - RTN_b(W)||^2 of round-to-nearest at each
-candidate width. It equals the Linear's expected output error E||x (W - Q)^T||^2 for inputs of unit, uncorrelated
-channels, it is a sum over the Linear's weights so a larger Linear counts for more, and it needs no calibration
-pass, so `--method rtn --bits 4.5` stays data-free and every method gets the same choice. What it misses is the
-input scale (a Linear fed large activations matters more than its weights say); bench/lowbit_frontier.py
-measures the result against uniform widths. An outlier-heavy Linear, whose groups' scales a few large weights
-stretch, shows a large error at 3 bits and is upgraded first.
+Sensitivity is a weight-only proxy: the relative squared error ||W - RTN_b(W)||^2 / ||W||^2 of round-to-nearest
+at each candidate width, times the Linear's weight count. For inputs of unit, uncorrelated channels it is the
+Linear's output noise-to-signal ratio, weighted by its size so a larger Linear counts for more; it needs no
+calibration pass, so `--method rtn --bits 4.5` stays data-free and every method gets the same choice. What it
+misses is the input scale and how much each Linear's output matters to the loss: bench/lowbit_frontier.py
+measures it against uniform widths (docs/benchmarks.md), where it does not beat halving the group size.
 
 Bits are counted as `quantkit inspect` counts them: the codes in whole int32 words, a scale per group in the
 checkpoint's dtype (16 bits; 32 for a float32 model), packed zero points when asymmetric.
@@ -33,9 +32,10 @@ def stored_bits(scheme: Scheme, out_features: int, in_features: int, scale_bits:
 
 
 def rounding_error(weight: torch.Tensor, scheme: Scheme, scale_dtype=torch.float16) -> float:
-    """||W - RTN(W)||_F^2 on SCHEME's grid, in float64."""
+    """numel * ||W - RTN(W)||_F^2 / ||W||_F^2 on SCHEME's grid, in float64."""
     qw = rtn_quantize(weight, scheme, scale_dtype=scale_dtype)
-    return float((qw.dequantize().double() - weight.double()).pow(2).sum())
+    w = weight.double()
+    return float((qw.dequantize().double() - w).pow(2).sum() / w.pow(2).sum().clamp_min(1e-30) * w.numel())
 
 
 @dataclass
