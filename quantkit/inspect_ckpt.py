@@ -46,7 +46,8 @@ def inspect_checkpoint(folder) -> dict:
     layers = {}
     for key, h in heads.items():
         prefix, _, suffix = key.rpartition(".")
-        if suffix in ("weight_packed",) or (suffix == "weight" and h["dtype"] == "F8_E4M3"):
+        # packed codes, or codes stored as they are: FP8 (float-quantized), INT8 W8A8 (int-quantized)
+        if suffix in ("weight_packed",) or (suffix == "weight" and h["dtype"] in ("F8_E4M3", "I8")):
             layers[prefix] = {}
     rows = []
     quant_bytes = 0

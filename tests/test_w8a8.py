@@ -11,6 +11,7 @@ from safetensors import safe_open
 import quantkit
 from quantkit.errors import UserError
 from quantkit.formats.writer import write_checkpoint
+from quantkit.inspect_ckpt import inspect_checkpoint
 from quantkit.linear import int8 as int8_mod
 from quantkit.linear.int8 import Int8Linear, quantize_per_tensor, quantize_per_token
 from quantkit.pipeline import quantize_model
@@ -146,6 +147,8 @@ def test_checkpoint_layout_and_quantkit_round_trip(tmp_path, quant):
         assert f.get_tensor(f"{name}.weight").dtype == torch.int8
         assert tuple(f.get_tensor(f"{name}.weight_scale").shape) == (64, 1)
         assert (f"{name}.input_scale" in f.keys()) == static
+    rows = inspect_checkpoint(out)["layers"]  # quantkit inspect counts int8 codes stored as they are
+    assert len(rows) == 14 and all(8 < r["bits_per_weight"] < 8.6 for r in rows)  # + a float32 scale per row
     model = quantkit.load(out, dtype=torch.float32)
     lin = model.get_submodule(name)
     assert isinstance(lin, Int8Linear)
