@@ -49,20 +49,29 @@ def build(label: str, model_path: str, calib: str, workdir: str):
 
 
 def plot(points: dict[str, tuple[float, float]], base: float, path: Path) -> None:
+    """Uniform widths as lines per method, --bits rows as open markers; rows above 10x float are off the scale."""
     from quantkit.evaluate.plot import _plt
 
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method, marker in (("RTN", "o"), ("GPTQ", "s")):
-        pts = sorted((b, p, lb) for lb, (b, p) in points.items() if lb.startswith(method + " "))
-        ax.plot([b for b, _, _ in pts], [p for _, p, _ in pts], marker=marker, label=method)
-        for b, p, lb in pts:
-            ax.annotate(lb.split(" ", 1)[1], (b, p), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    top = 10 * base
+    for method, marker, color in (("RTN", "o", "C0"), ("GPTQ", "s", "C1")):
+        rows = sorted((b, p, lb.split(" ", 1)[1]) for lb, (b, p) in points.items() if lb.startswith(method + " "))
+        uniform = [r for r in rows if not r[2].startswith("--bits") and r[1] <= top]
+        budget = [r for r in rows if r[2].startswith("--bits") and r[1] <= top]
+        ax.plot([b for b, _, _ in uniform], [p for _, p, _ in uniform], marker=marker, color=color,
+                label=f"{method}, uniform width")
+        ax.scatter([b for b, _, _ in budget], [p for _, p, _ in budget], marker=marker, facecolors="none",
+                   edgecolors=color, s=70, label=f"{method}, --bits")
+        for b, p, name in uniform + budget:
+            ax.annotate(name, (b, p), fontsize=7, xytext=(4, 4 if method == "RTN" else -10),
+                        textcoords="offset points")
+    off = sorted({lb.split(" ", 1)[1] for lb, (_, p) in points.items() if p > top})
     ax.axhline(base, color="gray", linestyle="--", label=f"float ({base:.2f})")
     ax.set_yscale("log")
     ax.set_xlabel("average bits per weight (scales included, quantised Linears)")
     ax.set_ylabel("perplexity, eval_prose.txt (log scale)")
-    ax.set_title("SmolLM2-135M: quality per bit")
+    ax.set_title("SmolLM2-135M: quality per bit" + (f" ({', '.join(off)} off the scale)" if off else ""))
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
