@@ -49,38 +49,12 @@ def inspect_checkpoint(folder) -> dict:
         # packed codes, or codes stored as they are: FP8 (float-quantized), INT8 W8A8 (int-quantized)
         if suffix in ("weight_packed",) or (suffix == "weight" and h["dtype"] in ("F8_E4M3", "I8")):
             layers[prefix] = {}
-    rows = []
-    quant_bytes = 0
     groups = list(qc.get("config_groups", {}).values())
     default_bits = groups[0]["weights"]["num_bits"] if len(groups) == 1 else 4
     budget = meta.get("bit_budget") or {}
-    for prefix in layers:
-        parts = {s: heads[f"{prefix}.{s}"] for s in _SUFFIXES if f"{prefix}.{s}" in heads}
-        lm = meta.get("layers", {}).get(prefix, {})
-        sch = lm.get("scheme", {})
-        if "weight_packed" in parts:
-            out_f = parts["weight_packed"]["shape"][0]
-            # int32 words of densely packed codes (3-bit ones straddle words), or (FP4) uint8 bytes of two
-            words = parts["weight_packed"]["shape"][1]
-            fp4 = parts["weight_packed"]["dtype"] == "U8"
-            in_f = 2 * words if fp4 else 32 * words // sch.get("num_bits", default_bits)
-        else:
-            parts["weight"] = heads[f"{prefix}.weight"]
-            out_f, in_f = parts["weight"]["shape"]
-        nbytes = sum(_nbytes(h) for s, h in parts.items() if s != "weight_shape")
-        quant_bytes += nbytes
-        rows.append({
-            "layer": prefix,
-            "scheme": sch.get("name", "?"),
-            "group_size": sch.get("group_size"),
-            "bits": sch.get("num_bits", default_bits if len(groups) == 1 else None),
-            "sensitivity": budget.get("layers", {}).get(prefix, {}).get("sensitivity"),
-            "symmetric": sch.get("symmetric"),
-            "shape": [out_f, in_f],
-            "bits_per_weight": round(8 * nbytes / (out_f * in_f), 3),
-            "weight_rel_error": lm.get("weight_rel_error"),
-            "output_rel_error": lm.get("output_rel_error"),
-        })
+    rows = [_layer_row(prefix, heads, meta.get("layers", {}).get(prefix, {}), default_bits, len(groups) == 1,
+                       budget) for prefix in layers]
+    quant_bytes = sum(r.pop("nbytes") for r in rows)
     total = sum(_nbytes(h) for h in heads.values())
     source = meta.get("source_bytes")
     quant_values = sum(r["shape"][0] * r["shape"][1] for r in rows)
@@ -103,6 +77,35 @@ def inspect_checkpoint(folder) -> dict:
         "float_share": round(float_values / max(1, float_values + quant_values), 4),
         "float_weights": meta.get("float_weights"),
         "moe": _moe(meta.get("moe")),
+    }
+
+
+def _layer_row(prefix: str, heads: dict, lm: dict, default_bits: int, one_group: bool, budget: dict) -> dict:
+    """One quantised layer's row: its scheme, shape, bits per weight (scales included) and errors."""
+    parts = {s: heads[f"{prefix}.{s}"] for s in _SUFFIXES if f"{prefix}.{s}" in heads}
+    sch = lm.get("scheme", {})
+    if "weight_packed" in parts:
+        out_f = parts["weight_packed"]["shape"][0]
+        # int32 words of densely packed codes (3-bit ones straddle words), or (FP4) uint8 bytes of two
+        words = parts["weight_packed"]["shape"][1]
+        fp4 = parts["weight_packed"]["dtype"] == "U8"
+        in_f = 2 * words if fp4 else 32 * words // sch.get("num_bits", default_bits)
+    else:
+        parts["weight"] = heads[f"{prefix}.weight"]
+        out_f, in_f = parts["weight"]["shape"]
+    nbytes = sum(_nbytes(h) for s, h in parts.items() if s != "weight_shape")
+    return {
+        "layer": prefix,
+        "scheme": sch.get("name", "?"),
+        "group_size": sch.get("group_size"),
+        "bits": sch.get("num_bits", default_bits if one_group else None),
+        "sensitivity": budget.get("layers", {}).get(prefix, {}).get("sensitivity"),
+        "symmetric": sch.get("symmetric"),
+        "shape": [out_f, in_f],
+        "bits_per_weight": round(8 * nbytes / (out_f * in_f), 3),
+        "weight_rel_error": lm.get("weight_rel_error"),
+        "output_rel_error": lm.get("output_rel_error"),
+        "nbytes": nbytes,
     }
 
 

@@ -116,19 +116,9 @@ def quantize(
         from ..runtime.build import resolve_device
 
         device = resolve_device(device)
-    flags = dict(
-        model=model, output=output, dtype=dtype, device=device, scheme=scheme, method=method,
-        group_size=group_size, sym=sym, clip_search=clip_search, kv_cache=kv_cache, damp=damp,
-        block_size=block_size, actorder=actorder, static_groups=static_groups, awq_grid=awq_grid,
-        awq_duo=awq_duo, awq_clip=awq_clip, awq_search_tokens=awq_search_tokens, awq_fallback=awq_fallback, awq_holdout=awq_holdout,
-        calib=calib, num_samples=num_samples, seq_len=seq_len, seed=seed, calib_cut=calib_cut,
-        text_field=text_field, min_tokens=min_tokens, smooth=smooth, smooth_alpha=smooth_alpha,
-        moe_calibrate_all=moe_calibrate_all, moe_min_tokens=moe_min_tokens, bits=bits,
-        signround_iters=signround_iters, signround_lr=signround_lr, signround_batch=signround_batch,
-        signround_clip=signround_clip, signround_holdout=signround_holdout,
-        overwrite=overwrite or None,  # a plain switch: absent means "as the recipe says"
-        ignore=list(ignore) if ignore else None,
-    )
+    # every option named in FLAG_FIELDS, as given (None: "as the recipe says")
+    flags = {k: v for k, v in locals().items() if k in FLAG_FIELDS}
+    flags.update(overwrite=overwrite or None, ignore=list(ignore) if ignore else None)  # a plain switch; a list
     _run(apply_overrides(base, {FLAG_FIELDS[k]: v for k, v in flags.items()}), quiet, as_json)
 
 
