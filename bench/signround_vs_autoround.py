@@ -4,8 +4,8 @@
     python bench/signround_vs_autoround.py --only float,rtn,gptq,signround
     python bench/signround_vs_autoround.py --only autoround --autoround-iters 40
 
-Every row uses the same calibration tokens (bench/out/signround/calib_tokens.pt: 32 x 256 tokens sampled from
-the model itself, seed 0; written on the first run, read by both libraries) and the same evaluation windows
+Every row uses the same calibration tokens (bench/out/signround/calib_tokens.pt, read by both libraries; the first run
+samples 32 x 256 tokens from the model itself, seed 0, unless the file is already there) and the same evaluation windows
 (bench/data/eval_prose.txt, 16 x 512 tokens) scored by quality_common.perplexity. quantkit rows are quantised
 in memory (their checkpoints compute the same logits: tests/test_signround.py); the AutoRound row runs
 bench/signround_autoround_worker.py in AutoRound's own venv (.venv-autoround: `python3 -m venv .venv-autoround
@@ -66,9 +66,9 @@ def quantkit_row(name: str, base, ids, overrides: dict) -> tuple:
 
 
 def autoround_row(a, model_path: str, tokens: Path) -> tuple:
-    out = OUT / f"autoround-{a.autoround_iters}"
+    out = OUT / f"autoround-{a.autoround_iters}x{a.autoround_batch}"
     cmd = [a.autoround_python, str(HERE / "signround_autoround_worker.py"), model_path, str(tokens), str(out),
-           "--iters", str(a.autoround_iters), "--threads", str(a.threads)]
+           "--iters", str(a.autoround_iters), "--batch", str(a.autoround_batch), "--threads", str(a.threads)]
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"AutoRound worker failed:\n{p.stderr[-3000:]}")
@@ -95,6 +95,7 @@ def main(argv=None) -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--iters", type=int, default=None, help="our signround iterations (default: the recipe's)")
     ap.add_argument("--autoround-iters", type=int, default=200)
+    ap.add_argument("--autoround-batch", type=int, default=8, help="samples per AutoRound step (its default 8)")
     ap.add_argument("--autoround-python", default=str(HERE.parent / ".venv-autoround" / "bin" / "python"))
     ap.add_argument("--eval", default=str(HERE / "data" / "eval_prose.txt"))
     ap.add_argument("--max-windows", type=int, default=16)
@@ -111,19 +112,21 @@ def main(argv=None) -> None:
     tokens, ids = calib_tokens(path, a.samples, a.seq_len)
     windows = load_eval_windows(a.eval, AutoTokenizer.from_pretrained(path), seq_len=512, max_windows=a.max_windows)
     store = OUT / "rows.json"
-    rows = json.loads(store.read_text()) if store.exists() else {}
+    rows: dict = {}
     base = load_model(path)
     for name in a.only.split(","):
         if name == "float":
             model, info = base, {}
         elif name == "autoround":
             model, info = autoround_row(a, path, tokens)
-            info["note"] = f"auto-round, {a.autoround_iters} iters, batch 8, {info['format']} export"
+            info["note"] = f"auto-round, {a.autoround_iters} iters, batch {a.autoround_batch}, {info['format']} export"
         else:
             extra = {"quant.signround.iters": a.iters} if name == "signround" and a.iters else {}
             model, info = quantkit_row(name, base, ids, extra)
             info["note"] = f"quantkit; {info.pop('fallback_linears')} Linears fell back" if name == "signround" else "quantkit"
-        rows[name] = {"ppl": perplexity(model, list(windows)), **info}
+        row = {"ppl": perplexity(model, list(windows)), **info}
+        rows = json.loads(store.read_text()) if store.exists() else {}  # another run may have added rows
+        rows[name] = row
         store.write_text(json.dumps(rows, indent=1))
         print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
     print(table(rows))
