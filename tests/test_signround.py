@@ -85,9 +85,11 @@ def test_block_loss_drops_below_rtn_and_the_guard_can_refuse():
     out = SignRoundTransform(model, {"iters": 20, "batch": 2}).apply(0, layers[0], inputs, targets)
     stats = out["stats"]["model.layers.0.mlp.down_proj"]
     assert stats["signround_final_loss"] < 0.8 * stats["signround_initial_loss"]
-    assert stats["signround_heldout_samples"] == 1 and stats["signround_fallback"] is None
-    assert 0 < stats["signround_mean_abs_v"] <= 0.5
-    assert set(out["solved"]) == {n for n, _ in targets.values()}
+    assert stats["signround_heldout_samples"] == 1 and 0 < stats["signround_mean_abs_v"] <= 0.5
+    # the guard's verdict follows the held-out losses (random tokens on a random model may go either way)
+    kept = stats["signround_heldout_loss"] <= stats["signround_heldout_rtn_loss"]
+    assert (stats["signround_fallback"] is None) == kept
+    assert set(out["solved"]) == ({n for n, _ in targets.values()} if kept else set())
     forced = SignRoundTransform(model, {"iters": 2, "force_fallback": True}).apply(0, layers[0], inputs, targets)
     assert forced["solved"] == {}
     assert all(s["signround_fallback"].startswith("rtn") for s in forced["stats"].values())
