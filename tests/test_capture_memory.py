@@ -68,9 +68,10 @@ def test_lazy_checkpoint_is_byte_identical_to_full_load(tmp_path, arch, tied, sh
     for name in ("config.json", "generation_config.json"):
         assert (runs[False] / name).read_text() == (runs[True] / name).read_text()
     if method == "awq":  # the folded scales reached the norms the writer saved: they are no longer the source's
+        # (any norm: AWQ's held-out guard may keep a group's RTN scales, leaving that norm as it was)
         with safe_open(src / "model.safetensors", framework="pt") as f:
-            norm = f.get_tensor("model.layers.0.post_attention_layernorm.weight")
-        assert not torch.equal(streamed["model.layers.0.post_attention_layernorm.weight"], norm)
+            norms = [k for k in f.keys() if k.endswith("layernorm.weight")]
+            assert norms and any(not torch.equal(streamed[k], f.get_tensor(k)) for k in norms)
 
 
 @pytest.mark.parametrize("method", ["rtn", "gptq"])
