@@ -213,3 +213,22 @@ def assert_relaid_decodes_like(model, reference, sep: int = 7) -> None:
         spec_steps = greedy_with_and_without_lookup(model, repeat_prompts(20, 256, seed=2, sep=sep), params,
                                                     want=lambda p: hf_greedy(reference, p, 12))
     assert spec_steps > 0
+
+
+def sampled_pair_frequencies(target, draft, prompt: list[int], vocab: int, n: int = 800) -> torch.Tensor:
+    """Frequencies of the (2nd, 3rd) generated tokens over n seeded sampled runs of `target` speculating with
+    ModelDrafter(draft), k = 2; each run must have drafted at least once. For exact-distribution tests."""
+    from quantkit.runtime.generate import generate
+    from quantkit.runtime.sampling import SamplingParams
+    from quantkit.runtime.speculative import ModelDrafter
+    from quantkit.testing.models import single_thread
+
+    counts = torch.zeros(vocab * vocab)
+    with single_thread():
+        for s in range(n):
+            params = SamplingParams(max_tokens=4, temperature=1.0, seed=s, ignore_eos=True)
+            seq = generate(target, prompt, params, drafter=ModelDrafter(draft), num_speculative_tokens=2)
+            assert seq.metrics.spec_steps >= 1
+            b, c = seq.output_ids()[1:3]
+            counts[b * vocab + c] += 1
+    return counts / n

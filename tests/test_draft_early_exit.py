@@ -2,12 +2,12 @@
 import pytest
 import torch
 
+from helpers import sampled_pair_frequencies
 from quantkit.drafts import drafter_factory
 from quantkit.drafts.early_exit import early_exit_draft
 from quantkit.errors import UserError
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.speculative import ModelDrafter
 from quantkit.testing.models import single_thread, tiny_llama
 
 
@@ -70,16 +70,7 @@ def test_sampled_sequences_with_early_exit_follow_the_target():
 
     exact, draft_law = law(target), law(draft)
     assert tv(exact, draft_law) > 0.15  # the draft must be clearly wrong for the test to mean anything
-    counts = torch.zeros(V * V)
-    n = 800
-    with single_thread():
-        for s in range(n):
-            params = SamplingParams(max_tokens=4, temperature=1.0, seed=s, ignore_eos=True)
-            seq = generate(target, prompt, params, drafter=ModelDrafter(draft), num_speculative_tokens=2)
-            assert seq.metrics.spec_steps >= 1
-            b, c = seq.output_ids()[1:3]
-            counts[b * V + c] += 1
-    emp = counts / n
+    emp = sampled_pair_frequencies(target, draft, prompt, V)
     # 800 draws on 16 outcomes: an exact sampler's TV stays under ~0.06 (tests/test_speculative.py)
     assert tv(emp, exact) < 0.09
     assert tv(emp, draft_law) > tv(emp, exact) + 0.07

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from helpers import rel_err
+from helpers import rel_err, sampled_pair_frequencies
 from quantkit.errors import UserError
 from quantkit.runtime import speculative as spec
 from quantkit.runtime.generate import Sequence, generate
@@ -125,15 +125,7 @@ def test_sequences_with_speculation_follow_target_distribution():
 
     exact, draft_law = law(target), law(draft)
     assert _tv(exact, draft_law) > 0.2  # the draft must be clearly wrong for the test to mean anything
-    counts = torch.zeros(V * V)
-    n = 800
-    for s in range(n):
-        params = SamplingParams(max_tokens=4, temperature=1.0, seed=s, ignore_eos=True)
-        seq = generate(target, prompt, params, drafter=ModelDrafter(draft), num_speculative_tokens=2)
-        assert seq.metrics.spec_steps >= 1
-        b, c = seq.output_ids()[1:3]
-        counts[b * V + c] += 1
-    emp = counts / n
+    emp = sampled_pair_frequencies(target, draft, prompt, V)
     # An exact sampler's TV on 16 outcomes after 800 draws is about 0.4*sum(sqrt(p))/sqrt(800) <= 0.06.
     assert _tv(emp, exact) < 0.09
     assert _tv(emp, draft_law) > _tv(emp, exact) + 0.1

@@ -103,12 +103,8 @@ class EagleDrafter:
         draft, qs = [], []
         for i in range(k):
             logits = self._logits(g)
-            if params.greedy:
-                t = int(logits.argmax())
-            else:
-                q = sampling.probs(logits, params)
-                t = int(sampling.pick(q, generator))
-                qs.append(q)
+            t, q = sampling.draft_token(logits, params, generator)
+            qs += [] if q is None else [q]
             draft.append(t)
             if i + 1 < k:  # the chain goes on from the head's own predicted feature
                 g = self.head(self._embed(torch.tensor([t])), g.view(1, 1, -1), torch.tensor([[L + i]]),

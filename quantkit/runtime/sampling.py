@@ -101,3 +101,12 @@ def pick(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     flat = p.reshape(-1, p.shape[-1])
     out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
     return out.reshape(p.shape[:-1])
+
+
+def draft_token(logits: torch.Tensor, params, generator) -> tuple[int, torch.Tensor | None]:
+    """A drafter's next token from its LOGITS: the argmax when greedy, else a sample from the distribution the
+    target's acceptance rule compares against, returned with it (None when greedy)."""
+    if params.greedy:
+        return int(logits.argmax()), None
+    q = probs(logits, params)
+    return int(pick(q, generator)), q

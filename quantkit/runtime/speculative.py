@@ -122,12 +122,8 @@ class ModelDrafter:
         logits = self._logits(ids[self.n_cached:])
         draft, qs = [], []
         for i in range(k):
-            if params.greedy:
-                t = int(logits.argmax())
-            else:
-                q = sampling.probs(logits, params)
-                t = int(sampling.pick(q, generator))
-                qs.append(q)
+            t, q = sampling.draft_token(logits, params, generator)
+            qs += [] if q is None else [q]
             draft.append(t)
             if i + 1 < k:
                 logits = self._logits(torch.tensor([t]))
