@@ -10,13 +10,13 @@ from ..plan import Plan
 def moe_summary(model: nn.Module, plan: Plan, stats: dict[str, dict]) -> dict:
     """Per experts module, the calibration tokens routed to each expert (from its first projection's stats),
     and every expert Linear that was rounded instead of solved, with the reason."""
-    routed = {}
-    for name, mod in experts_modules(model).items():
-        counts = []
-        for e in range(len(mod)):
-            first = next((s for n, s in stats.items() if n.startswith(f"{name}.{e}.") and "routed_tokens" in s), None)
-            counts.append(None if first is None else first["routed_tokens"])
-        routed[name] = counts
+    # each expert's Linears record the same count: keep the first seen per expert, in one pass over the stats
+    seen: dict[str, int] = {}
+    for n, s in stats.items():
+        if "routed_tokens" in s:
+            seen.setdefault(n.rpartition(".")[0], s["routed_tokens"])
+    routed = {name: [seen.get(f"{name}.{e}") for e in range(len(mod))]
+              for name, mod in experts_modules(model).items()}
     known = [c for cs in routed.values() for c in cs if c is not None]
     return {
         "experts_modules": len(routed),
