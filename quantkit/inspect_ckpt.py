@@ -11,6 +11,11 @@ from .errors import UserError
 from .formats.safetensors_header import read_header
 
 _BYTES = {"I32": 4, "F16": 2, "BF16": 2, "F32": 4, "F8_E4M3": 1, "I8": 1, "U8": 1, "I64": 8, "F64": 8}
+# what each method recorded per Linear in quantkit.json (issue 23.5): AWQ's scale exponent, clip and guard,
+# SmoothQuant's migration strength, GPTQ's order, damping and guard, learned rounding's steps and fallback
+SOLVER_KEYS = ("awq_alpha", "awq_guard", "awq_clip_mean", "awq_clip_reverted", "awq_note", "smooth_alpha",
+               "actorder", "damp", "gptq_guard", "held_out_error", "fallback", "signround_iters",
+               "signround_final_loss", "signround_heldout_loss", "signround_heldout_rtn_loss", "signround_fallback")
 _SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "input_scale",
              "weight_global_scale")
 
@@ -105,6 +110,7 @@ def _layer_row(prefix: str, heads: dict, lm: dict, default_bits: int, one_group:
         "bits_per_weight": round(8 * nbytes / (out_f * in_f), 3),
         "weight_rel_error": lm.get("weight_rel_error"),
         "output_rel_error": lm.get("output_rel_error"),
+        "solver": {k: lm[k] for k in SOLVER_KEYS if k in lm},
         "nbytes": nbytes,
     }
 
@@ -124,3 +130,28 @@ def _moe(m: dict | None) -> dict | None:
         return None
     return {"experts": m.get("experts"), "fewest_routed_tokens": m.get("fewest_routed_tokens"),
             "calibrate_all_experts": m.get("calibrate_all_experts"), "rtn_fallback": len(m.get("rtn_fallback", {}))}
+
+
+def solver_summary(rec: dict) -> str:
+    """One short line of what the method did to a layer, for inspect's table (the JSON has every figure)."""
+    parts = []
+    if rec.get("awq_alpha") is not None:
+        parts.append(f"awq a={rec['awq_alpha']:.2f}")
+    if rec.get("awq_guard"):
+        parts.append("awq guard kept rtn scales")
+    if rec.get("awq_note"):
+        parts.append(f"awq: {rec['awq_note']}")
+    if rec.get("awq_clip_mean") is not None:
+        parts.append(f"clip {rec['awq_clip_mean']:.3f}" + (f" ({rec['awq_clip_reverted']} undone)"
+                                                            if rec.get("awq_clip_reverted") else ""))
+    if rec.get("smooth_alpha") is not None:
+        parts.append(f"smooth a={rec['smooth_alpha']:.2f}")
+    if "actorder" in rec and rec.get("damp") is not None:
+        parts.append(f"gptq act-order {rec['actorder'] or 'off'}")
+    if rec.get("gptq_guard"):
+        parts.append(f"guard chose {rec['gptq_guard'].split(':')[0]}")
+    if rec.get("signround_iters"):
+        parts.append(f"signround {rec['signround_iters']} steps")
+    if rec.get("signround_fallback") or rec.get("fallback"):
+        parts.append(f"fallback {rec.get('signround_fallback') or rec.get('fallback')}")
+    return ", ".join(parts) or "-"

@@ -158,6 +158,7 @@ def solver_options(recipe: Recipe, storage: torch.dtype) -> dict:
     q, g = recipe.quant, recipe.quant.gptq
     return {"clip_search": q.clip_search, "damp": g.damp, "block_size": g.block_size,
             "actorder": None if g.actorder == "off" else g.actorder, "static_groups": g.static_groups,
+            "holdout": g.holdout,
             "scale_dtype": scale_dtype_for(storage)}
 
 

@@ -2,6 +2,9 @@
 import json
 
 from helpers import make_tiny_model
+from test_data_support import SAMPLE, tiny_tokenizer
+
+from quantkit.inspect_ckpt import solver_summary
 
 
 def test_inspect_json_and_table(tmp_path, cli):
@@ -28,3 +31,27 @@ def test_inspect_json_and_table(tmp_path, cli):
 def test_inspect_bad_folder(tmp_path, cli):
     code, _, err = cli("inspect", tmp_path)
     assert code == 2 and "no config.json" in err
+
+
+def test_inspect_shows_what_each_method_did(tmp_path, cli, monkeypatch):
+    """Issue 23.5: per layer, quantkit.json's record of the solver (AWQ's alpha and clip, GPTQ's order and guard,
+    learned rounding's steps) is in inspect's JSON and summarised in its table."""
+    src = make_tiny_model(tmp_path / "src", "llama")
+    tiny_tokenizer().save_pretrained(src)
+    calib = ["--calib", SAMPLE, "--num-samples", "5", "--seq-len", "32", "--group-size", "32", "-q"]
+    runs = {"gptq": [], "awq": ["--awq-grid", "4"], "signround": ["--signround-iters", "2"]}
+    for method, extra in runs.items():
+        assert cli("quantize", src, "-o", tmp_path / method, "--method", method, *calib, *extra)[0] == 0
+    rows = {m: json.loads(cli("inspect", tmp_path / m, "--json")[1])["layers"] for m in runs}
+    gptq = rows["gptq"][0]["solver"]
+    assert set(gptq["held_out_error"]) == {"act-order weight",
+                                                                                    "act-order off", "rtn"}
+    awq = {r["layer"]: r["solver"] for r in rows["awq"]}
+    assert all("awq_clip_mean" in s for n, s in awq.items() if not n.endswith(("q_proj", "k_proj")))
+    assert any(s.get("awq_alpha") is not None for s in awq.values())
+    assert all(r["solver"]["signround_iters"] == 2 for r in rows["signround"])
+    assert solver_summary(rows["signround"][0]["solver"]).startswith("signround 2 steps")
+    assert "awq a=" in " ".join(solver_summary(s) for s in awq.values())
+    monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: the summaries print whole
+    code, out, _ = cli("inspect", tmp_path / "gptq")
+    assert code == 0 and "solver" in out and ("gptq act-order" in out or "guard chose" in out)

@@ -21,19 +21,21 @@ def inspect(
 
     Example: quantkit inspect ./my-model-w4 --json
     """
-    from ..inspect_ckpt import inspect_checkpoint
+    from ..inspect_ckpt import inspect_checkpoint, solver_summary
 
     info = inspect_checkpoint(path)
     if as_json:
         emit_json(info)
         return
     t = Table(title=f"{info['checkpoint']} ({info['format']}, {info['method'] or '?'})")
-    for col in ("layer", "scheme", "bits", "group", "bits/weight", "weight err", "output err"):
-        t.add_column(col, justify="left" if col == "layer" else "right")
+    summaries = [solver_summary(r["solver"]) for r in info["layers"]]
+    solver_col = any(x != "-" for x in summaries)  # plain rounding records nothing: no column to fill with dashes
+    for col in ("layer", "scheme", "bits", "group", "bits/weight", "weight err", "output err") + ("solver",) * solver_col:
+        t.add_column(col, justify="left" if col in ("layer", "solver") else "right")
     fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-    for r in info["layers"]:
+    for r, summary in zip(info["layers"], summaries):
         t.add_row(r["layer"], r["scheme"], str(r["bits"]), str(r["group_size"]), f"{r['bits_per_weight']:.2f}",
-                  fmt(r["weight_rel_error"]), fmt(r["output_rel_error"]))
+                  fmt(r["weight_rel_error"]), fmt(r["output_rel_error"]), *([summary] * solver_col))
     out = Console()
     out.print(t)
     ratio = f" ({info['compression']}x smaller)" if info["compression"] else ""

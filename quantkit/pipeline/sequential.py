@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..models.hf import decoder_layers
 from ..plan import Plan
 from ..qweight import QWeight
-from ..solvers.base import LayerTransform, LinearSolver, Presolved, share_inputs
+from ..solvers.base import LayerTransform, LinearSolver, Presolved, held_out_count, share_inputs
 from . import capture, stages
 from .progress import LayerProgress
 from .stream import LayerStream
@@ -158,13 +158,24 @@ def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
         solvers = {m: solve.make(names[m]) for m in stage}
         fed = dict.fromkeys(stage, 0)
         if any(s.needs_data for s in solvers.values()):
+            # the last samples go to the solvers' held-out guards (gptq_guard.py), the same ones AWQ keeps out
+            held = held_out_count(len(inputs.hidden), max(s.holdout for s in solvers.values()))
+            sample = [0]
+
             def sink(mod, x):
                 x = x.reshape(-1, x.shape[-1])
                 fed[mod] += x.shape[0]
-                solvers[mod].add_batch(x)
+                if sample[0] >= len(inputs.hidden) - held:
+                    solvers[mod].add_holdout(x)
+                else:
+                    solvers[mod].add_batch(x)
+
+            def next_sample():
+                sample[0] += 1
+                prog.sample()
 
             with stages.ExpertFeed(stage, experts, solve.plan.moe.get("calibrate_all_experts", False)):
-                capture.feed_group(layer, stage, inputs, sink, prog.sample)
+                capture.feed_group(layer, stage, inputs, sink, next_sample)
             share_inputs(list(solvers.values()))
         for m, s in solvers.items():
             if m in experts:

@@ -14,6 +14,7 @@ import torch
 
 from ..pipeline import capture
 from .awq_block import _capture_group, quantised_error
+from .base import held_out_count
 from .awq_clip import GramAccumulator, clip_error, group_width
 
 _ALL = 1 << 62  # no token budget: every held-out sample is scored
@@ -23,7 +24,7 @@ def split_holdout(inputs, fraction: float):
     """(search inputs, held-out inputs or None): the last round(n * fraction) samples, at least one when the
     fraction is positive, and never all of them."""
     n = len(inputs.hidden)
-    k = min(max(1, round(n * fraction)), n - 1) if fraction > 0 and n >= 2 else 0
+    k = held_out_count(n, fraction)
     if not k:
         return inputs, None
     return (capture.LayerInputs(inputs.hidden[:n - k], inputs.kwargs[:n - k]),

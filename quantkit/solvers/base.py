@@ -15,6 +15,7 @@ class LinearSolver:
     """
 
     needs_data: bool = False
+    holdout: float = 0.0  # share of the calibration samples the pipeline sends to add_holdout instead
 
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         self.name = name
@@ -25,8 +26,20 @@ class LinearSolver:
     def add_batch(self, x: torch.Tensor) -> None:  # x: [tokens, in_features]
         pass
 
+    def add_holdout(self, x: torch.Tensor) -> None:
+        """A held-out sample's inputs; a solver without a guard learns from them like any other."""
+        self.add_batch(x)
+
     def solve(self) -> QWeight:
         raise NotImplementedError
+
+
+def held_out_count(samples: int, fraction: float) -> int:
+    """How many of the last calibration samples a guard keeps for judging: round(samples * fraction), at least
+    one when the fraction is positive, never all of them (and none from a single sample)."""
+    if fraction <= 0 or samples < 2:
+        return 0
+    return min(samples - 1, max(1, round(samples * fraction)))
 
 
 def share_inputs(solvers: list[LinearSolver]) -> None:

