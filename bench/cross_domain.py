@@ -100,7 +100,9 @@ def main(argv=None) -> None:
         t = time.perf_counter()
         res = quantize_model(model, build_plan(model, recipe), calib)
         guards = sum(1 for s in res.stats.values() if s.get("awq_guard"))
-        record(method, source or "-", model, round(time.perf_counter() - t, 1), {"guard_fallbacks": guards})
+        gptq = [s["gptq_guard"].split(":")[0] for s in res.stats.values() if s.get("gptq_guard")]
+        record(method, source or "-", model, round(time.perf_counter() - t, 1),
+               {"guard_fallbacks": guards, "gptq_guard": {k: gptq.count(k) for k in set(gptq)}})
 
 
 if __name__ == "__main__":
