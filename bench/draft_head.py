@@ -1,7 +1,8 @@
 """Trained EAGLE head and early-exit drafts against plain decoding and prompt lookup, on the three prompt sets.
 
-Usage: python bench/draft_head.py --head HEAD [--early-exit 8] [--tokens 32] [--prompts 2] [-k 4]
+Usage: python bench/draft_head.py --head HEAD [--head2 OTHER] [--early-exit 8] [--tokens 32] [--prompts 2] [-k 4]
        [--threads 1,2] [--temperature 0.7] [--train-steps 200 ...]
+       python bench/draft_head.py --coverage 1024,2048,4096,8192 --train-data TEXT   (choosing --draft-vocab)
 Without --head, a head is first trained on the embedded SmolLM2 (`quantkit draft train embedded`, with
 --train-data / --train-steps / --train-samples) and its training time reported. Every method decodes the same
 prompts with the same sampling parameters; greedy rows must give the plain row's text ("same text"), sampled
@@ -32,6 +33,11 @@ from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 def _args():
     ap = argparse.ArgumentParser()
     ap.add_argument("--head", help="a trained head folder (default: train one first, into --train-out)")
+    ap.add_argument("--head2", help="a second head to compare (e.g. the full-vocabulary one)")
+    ap.add_argument("--coverage", help="only report, for these draft vocabulary sizes, the share of the target's "
+                                       "greedy answers on the prompt sets inside the vocabulary chosen from "
+                                       "--train-data, and the per-token output product's time")
+    ap.add_argument("--train-vocab", type=int, default=4096)
     ap.add_argument("--train-out", default="bench/out/smollm2-head")
     ap.add_argument("--train-data", default="self")
     ap.add_argument("--train-samples", type=int, default=96)
@@ -51,7 +57,8 @@ def _args():
 def _train(a) -> tuple[str, str]:
     t = time.perf_counter()
     r = train_draft_head("embedded", a.train_out, data=a.train_data, samples=a.train_samples,
-                         seq_len=a.train_seq_len, opts=TrainOptions(steps=a.train_steps), device="cpu")
+                         seq_len=a.train_seq_len, opts=TrainOptions(steps=a.train_steps, vocab=a.train_vocab),
+                         device="cpu")
     best = min(r["history"], key=lambda h: h["heldout_loss"])
     note = (f"head trained in {time.perf_counter() - t:.0f} s ({r['data_s']:.0f} s text, {r['feature_s']:.0f} s "
             f"target features, {r['train_s']:.0f} s for {r['steps'] - r['resumed_from']} steps on "
@@ -60,8 +67,48 @@ def _train(a) -> tuple[str, str]:
     return a.train_out, note
 
 
+def _coverage(a):
+    """Which N: the share of the target's own greedy tokens on each prompt set that a vocabulary of N tokens,
+    chosen from the training text as `quantkit draft train` chooses it, contains (a token outside is never
+    drafted, so this bounds the greedy keep rate), and what one drafted token's output product then costs."""
+    from quantkit.data.calibration import load_calibration
+    from quantkit.drafts.draft_vocab import choose_vocab, gathered_rows, output_matrix
+    from quantkit.drafts.eagle_train import _target_top1, target_features
+
+    torch.set_num_threads(1)
+    opened = open_model("embedded")
+    model, tok = opened.model, opened.tokenizer
+    with torch.inference_mode():
+        calib = load_calibration(a.train_data, tok, num_samples=a.train_samples, seq_len=a.train_seq_len, seed=0,
+                                 model=model)
+        ids = torch.stack(calib.samples)
+        top1 = _target_top1(target_features(model, list(ids), 8), *output_matrix(model))
+        answers = {name: [t for p in prompt_ids(tok, name, a.prompts) for t in decode_ours(
+            model, [p], SamplingParams(max_tokens=a.tokens), 1, None, eos_ids(model, tok))[3][0]] for name in SETS}
+        g = torch.randn(1, model.config.hidden_size)
+        head = model.get_output_embeddings()
+        print(f"full vocabulary: output product {_ms(lambda: head(g)):.2f} ms")
+        print("| N | " + " | ".join(f"{n} greedy tokens inside" for n in SETS) + " | output product ms |")
+        print("|---|" + "---|" * (len(SETS) + 1))
+        for n in [int(x) for x in a.coverage.split(",")]:
+            vocab = set(choose_vocab(ids, top1, n, model.config.vocab_size).tolist())
+            w = gathered_rows(model, torch.tensor(sorted(vocab)))[0]
+            share = [sum(t in vocab for t in answers[s]) / len(answers[s]) for s in SETS]
+            print(f"| {n} | " + " | ".join(f"{x:.1%}" for x in share) + f" | {_ms(lambda: g @ w.T):.2f} |")
+
+
+def _ms(fn, n: int = 200) -> float:
+    fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e3
+
+
 def main():
     a = _args()
+    if a.coverage:
+        return _coverage(a)
     head, note = (a.head, "head given") if a.head else _train(a)
     print(note, flush=True)
     opened = open_model("embedded", draft=head)

@@ -34,13 +34,16 @@ def target():
     return tiny_llama(vocab_size=V, hidden=32, layers=2, seed=7, init_std=0.2)
 
 
+def train_on_own_text(target, out, **options):
+    """A head trained for 120 steps on 48 sequences of the target's own text (the module fixtures' heads)."""
+    with single_thread():
+        opts = TrainOptions(steps=120, eval_every=20, lr=3e-3, patience=20, **options)
+        return out, train_head(target, _own_text(target, 48, 1), out, opts)
+
+
 @pytest.fixture(scope="module")
 def trained(target, tmp_path_factory):
-    out = tmp_path_factory.mktemp("head")
-    with single_thread():
-        result = train_head(target, _own_text(target, 48, 1), out, TrainOptions(steps=120, eval_every=20, lr=3e-3,
-                                                                         patience=20))
-    return out, result
+    return train_on_own_text(target, tmp_path_factory.mktemp("head"))
 
 
 def test_training_lowers_heldout_loss_and_raises_agreement(trained):
@@ -126,14 +129,19 @@ def test_greedy_with_trained_head_equals_plain_on_50_prompts(target, trained, tm
     assert accepted["trained"] / 40 > 3 * accepted["untrained"] / 10 + 0.2
 
 
-def test_sampled_sequences_with_a_head_follow_the_target():
+@pytest.mark.parametrize("vocab", [None, [0, 1]], ids=["full-vocab", "reduced-vocab"])
+def test_sampled_sequences_with_a_head_follow_the_target(vocab):
     # As tests/test_speculative.py's end-to-end test; the head is untrained, so its drafts are clearly wrong.
+    # The reduced head drafts only tokens 0 and 1 (q is 0 on 2 and 3; this target gives token 2 ~78% of the
+    # 2nd token's mass): the refusal's residual must then give them back their whole mass.
     v = 4
     tgt = tiny_llama(vocab_size=v, hidden=16, layers=1, seed=21, init_std=0.8)
-    head = new_head(tgt, seed=3).eval().requires_grad_(False)
+    head = new_head(tgt, seed=3, vocab_ids=None if vocab is None else torch.tensor(vocab))
+    head = head.eval().requires_grad_(False)
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, 0.5, generator=torch.Generator().manual_seed(p.numel()))
+    head.attach_output(tgt)
     prompt = [1, 2, 3]
     with torch.inference_mode():
         seqs = torch.tensor([prompt + [a, b, c] for a in range(v) for b in range(v) for c in range(v)])
@@ -155,6 +163,8 @@ def test_sampled_sequences_with_a_head_follow_the_target():
     # 800 draws on 16 outcomes: an exact sampler's TV stays under ~0.06 (tests/test_speculative.py)
     assert tv < 0.09
     assert 0.1 < kept / drafted < 0.9  # drafts were both kept and refused, so the rule's both branches ran
+    if vocab is not None:  # tokens the head cannot draft came out (at their rate: the TV above), via the residual
+        assert counts.view(v, v)[2:].sum() / n > 0.5  # a 2nd token the head could not draft
 
 
 def test_cli_trains_a_head_that_generate_drafts_with(tmp_path):
@@ -176,9 +186,11 @@ def test_cli_trains_a_head_that_generate_drafts_with(tmp_path):
     run = CliRunner().invoke
     with single_thread():
         r = run(app, ["draft", "train", str(folder), "-o", str(head), "--data", str(text), "--samples", "8",
-                      "--seq-len", "16", "--steps", "4", "--eval-every", "2", "--device", "cpu", "--json"])
+                      "--seq-len", "16", "--steps", "4", "--eval-every", "2", "--device", "cpu", "--json",
+                      "--draft-vocab", "512"])
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["steps"] == 4 and (head / "model.safetensors").is_file()
+        assert json.loads((head / "config.json").read_text())["draft_vocab_size"] == 512
         args = ["generate", str(folder), "--prompt", "The lighthouse keeper", "--max-tokens", "8", "--json"]
         drafted, plain = run(app, args + ["--draft", str(head)]), run(app, args)
     assert drafted.exit_code == 0, drafted.output

@@ -7,6 +7,9 @@ import typer
 
 from .common import app, console, emit_json
 
+# measured for SmolLM2 (49,152 tokens) on local text: docs/drafts.md, "Choosing N"
+DEFAULT_VOCAB = 4096
+
 draft_app = typer.Typer(help="Draft heads for speculative decoding.\n\nExample: quantkit draft train embedded -o ./smollm2-head",
                         no_args_is_help=True)
 app.add_typer(draft_app, name="draft")
@@ -24,6 +27,7 @@ def train_cmd(
     lr: float = typer.Option(1e-3, "--lr", help="AdamW learning rate"),
     eval_every: int = typer.Option(25, "--eval-every", help="steps between held-out evaluations (and saved states)"),
     patience: int = typer.Option(3, "--patience", help="evaluations without improvement before stopping early"),
+    draft_vocab: int = typer.Option(DEFAULT_VOCAB, "--draft-vocab", help="draft only among the N tokens the training text and the target's own choices on it use most (the output-head product per drafted token shrinks by V/N; exact either way); 0: the whole vocabulary"),
     seed: int = typer.Option(0, "--seed", help="seed for the data order, the split and the head's initial weights"),
     resume: bool = typer.Option(True, "--resume/--restart", help="continue from OUTPUT's saved training state if there is one"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="dtype the target runs in: float32 (CPU default), float16, bfloat16"),
@@ -45,8 +49,10 @@ def train_cmd(
                         ("--patience", patience)):
         if value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
+    if draft_vocab < 0:
+        raise UserError(f"--draft-vocab must be 0 (the whole vocabulary) or a token count, got {draft_vocab}")
     opts = TrainOptions(steps=steps, batch_size=batch_size, lr=lr, seed=seed, eval_every=eval_every,
-                        patience=patience, resume=resume)
+                        patience=patience, resume=resume, vocab=draft_vocab)
     kwargs = dict(data=data, samples=samples, seq_len=seq_len, opts=opts, dtype=dtype, threads=threads, device=device)
     if quiet or as_json:
         result = train_draft_head(path, output, **kwargs)
@@ -57,7 +63,7 @@ def train_cmd(
         return
     last = result["history"][-1]
     console.print(f"head saved to {output}: {result['steps']} steps, held-out loss {result['best_loss']:.4f}, "
-                  f"top-1 agreement {last['heldout_top1']:.1%}" + (" (stopped early)" if result["stopped_early"] else ""))
+                  f"top-1 agreement {last['heldout_top1']:.1%}, drafting over {result['draft_vocab']} tokens" + (" (stopped early)" if result["stopped_early"] else ""))
 
 
 def _with_bar(path: str, output: str, kwargs: dict) -> dict:

@@ -93,6 +93,8 @@ class EagleDrafter:
         return self.embed(ids.to(self.embed.weight.device))[None].to(self.head.fc.weight.dtype)
 
     def _logits(self, g: torch.Tensor) -> torch.Tensor:
+        if self.head.out_w is not None:  # a reduced draft vocabulary: N gathered rows, zero mass elsewhere
+            return self.head.draft_logits(g)
         return self.out_head(g[None].to(self.embed.weight.dtype))[0].float()
 
     def propose(self, ids: torch.Tensor, k: int, params, generator) -> tuple[list[int], torch.Tensor | None]:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
+from . import draft_vocab
 
 ARCH = "EagleLlamaForCausalLM"
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -98,6 +99,33 @@ class EagleHead(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * d, d, bias=False)
         self.layers = torch.nn.ModuleList([_Layer(cfg)])
         self._rotary = (rotary,)
+        n = cfg.get("draft_vocab_size")
+        if n and n != cfg["vocab_size"]:  # a reduced draft vocabulary (drafts/draft_vocab.py): saved with the head
+            self.register_buffer(draft_vocab.D2T, torch.zeros(n, dtype=torch.long))
+        self.out_w = self.out_b = None  # the output rows it drafts over: attach_output
+
+    @property
+    def vocab_ids(self) -> torch.Tensor | None:
+        """The target ids the head drafts among (sorted), or None for the whole vocabulary."""
+        d2t = getattr(self, draft_vocab.D2T, None)
+        return None if d2t is None else draft_vocab.from_d2t(d2t.cpu()).to(d2t.device)
+
+    def attach_output(self, target) -> "EagleHead":
+        """Take the target's output rows for the head's vocabulary: a float32 copy made once here, shared by
+        every drafter of this head (the full vocabulary keeps using the target's own output module)."""
+        ids = self.vocab_ids
+        if ids is not None:
+            w, b = draft_vocab.gathered_rows(target, ids)
+            self.out_w, self.out_b, self.out_ids = w.to(self.fc.weight.device), b, ids
+        return self
+
+    def draft_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Logits [..., V] over the whole vocabulary for predicted features g [..., D] of a reduced-vocabulary
+        head: the N gathered rows' product, spread with -inf outside the subset."""
+        sub = g.float() @ self.out_w.T
+        if self.out_b is not None:
+            sub = sub + self.out_b
+        return draft_vocab.spread(sub, self.out_ids, self.cfg["vocab_size"])
 
     def forward(self, emb: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor,
                 cache: HeadCache | None = None) -> torch.Tensor:
@@ -136,9 +164,16 @@ def head_config(target, extra: dict | None = None) -> dict:
     return cfg
 
 
-def new_head(target, seed: int = 0, extra: dict | None = None) -> EagleHead:
+def new_head(target, seed: int = 0, extra: dict | None = None, vocab_ids: torch.Tensor | None = None) -> EagleHead:
+    """A fresh head for `target`; vocab_ids (sorted target ids) makes it draft among those tokens only."""
     torch.manual_seed(seed)
-    return EagleHead(head_config(target, extra), target.model.rotary_emb).float()
+    cfg = head_config(target, extra)
+    if vocab_ids is not None:
+        cfg["draft_vocab_size"] = int(vocab_ids.numel())
+    head = EagleHead(cfg, target.model.rotary_emb).float()
+    if vocab_ids is not None:
+        getattr(head, draft_vocab.D2T).copy_(draft_vocab.to_d2t(vocab_ids.cpu()))
+    return head
 
 
 def is_head_dir(path) -> bool:
@@ -156,7 +191,9 @@ def save_head(head: EagleHead, out) -> None:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = {name: t.detach().float().contiguous().cpu() for name, t in head.state_dict().items()}
+    # weights as float32; the draft vocabulary's d2t stays int64, as EAGLE-3 heads store it
+    state = {name: (t.detach().float() if t.is_floating_point() else t.detach()).contiguous().cpu()
+             for name, t in head.state_dict().items()}
     save_file(state, str(out / WEIGHTS), metadata={"format": "pt"})
     (out / CONFIG).write_text(json.dumps(head.cfg, indent=2) + "\n")
 
@@ -183,4 +220,9 @@ def load_head(path, target) -> EagleHead:
     if missing or unexpected:
         raise UserError(f"draft head {path} does not hold the expected tensors (missing {missing[:3]}, "
                         f"unexpected {unexpected[:3]}); retrain it with `quantkit draft train`")
-    return head.eval().requires_grad_(False)
+    ids = head.vocab_ids
+    if ids is not None and (ids.numel() < 1 or int(ids.min()) < 0 or int(ids.max()) >= cfg["vocab_size"]
+                            or not bool((ids[1:] > ids[:-1]).all())):
+        raise UserError(f"draft head {path}: its draft vocabulary ('d2t') is not a sorted set of the target's "
+                        f"token ids; retrain it with `quantkit draft train`")
+    return head.eval().requires_grad_(False).attach_output(target)
