@@ -12,6 +12,7 @@ prefill, which the head's drafter repeats once per request for its prompt featur
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -97,6 +98,12 @@ def _coverage(a):
             print(f"| {n} | " + " | ".join(f"{x:.1%}" for x in share) + f" | {_ms(lambda: g @ w.T):.2f} |")
 
 
+def _vocab(head: str) -> str:
+    cfg = json.loads((Path(head) / "config.json").read_text())
+    n = cfg.get("draft_vocab_size") or cfg["vocab_size"]
+    return "full vocab" if n == cfg["vocab_size"] else f"{n} tokens"
+
+
 def _ms(fn, n: int = 200) -> float:
     fn()
     t = time.perf_counter()
@@ -117,7 +124,10 @@ def main():
     early = drafter_factory(model, tok, draft=f"early-exit:{a.early_exit}")
     lookup = drafter_factory(model, tok, prompt_lookup=3)
     methods = [("plain", None, a.k), (f"prompt lookup k={a.lookup_k}", lookup, a.lookup_k),
-               (f"early-exit:{a.early_exit} k={a.k}", early, a.k), (f"EAGLE head k={a.k}", opened.make_drafter, a.k)]
+               (f"early-exit:{a.early_exit} k={a.k}", early, a.k),
+               (f"EAGLE head ({_vocab(head)}) k={a.k}", opened.make_drafter, a.k)]
+    if a.head2:
+        methods.append((f"EAGLE head ({_vocab(a.head2)}) k={a.k}", drafter_factory(model, tok, draft=a.head2), a.k))
     print(f"embedded SmolLM2-135M float32, {a.prompts} prompts per set, up to {a.tokens} tokens; decode tok/s "
           f"leaves out the prefill")
     print("| threads | prompt set | sampling | method | decode tok/s | vs plain | tokens per target forward | "
