@@ -78,7 +78,7 @@ def main(argv=None) -> None:
 
     def record(method, source, model, secs, stats=None):
         for name, windows in evals.items():
-            row = {"tag": a.tag, "method": method, "source": source, "eval": name,
+            row = {"tag": a.tag, "method": method, "source": source, "eval": name, "calib_tokens": a.samples * a.seq_len,
                    "ppl": perplexity(model, windows), "seconds": secs, **(stats or {})}
             print(json.dumps(row), flush=True)
             with sink.open("a") as f:
@@ -90,11 +90,13 @@ def main(argv=None) -> None:
     else:
         rows = []
     rows += [(m, s) for m in a.methods.split(",") for s in a.sources.split(",")]
+    calibs = {}  # per source, made once: self-generated text costs minutes
     for method, source in rows:
-        calib = None
-        if source is not None:
-            calib = load_calibration(spec=SOURCES[source], tokenizer=tok, num_samples=a.samples,
-                                     seq_len=a.seq_len, seed=0, model=base if source == "self" else None).samples
+        if source is not None and source not in calibs:
+            calibs[source] = load_calibration(spec=SOURCES[source], tokenizer=tok, num_samples=a.samples,
+                                              seq_len=a.seq_len, seed=0,
+                                              model=base if source == "self" else None).samples
+        calib = calibs.get(source)
         model = copy.deepcopy(base)
         recipe = apply_overrides(Recipe(), {**W4G64, "quant.method": method, **_set(a.set)})
         t = time.perf_counter()

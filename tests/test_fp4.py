@@ -101,13 +101,31 @@ def _grouped_ref_error(w, scale, div, gs):
     return ((e2m1_round_ref(w.double() / eff) * eff - w.double()) ** 2).reshape(w.shape[0], -1, gs).sum(-1)
 
 
+def test_mxfp4_rounding_puts_each_groups_largest_value_in_3_5_to_7():
+    w = torch.randn(16, 4 * 32, generator=torch.Generator().manual_seed(8)) * 0.05
+    w[0, :32] = 0.0
+    qw = fp4_quantize(w, get_scheme("mxfp4"))
+    amax = w.reshape(16, 4, 32).abs().amax(-1).double()
+    ratio = amax / qw.scale.double()
+    live = amax > 0
+    assert bool(((ratio >= 3.5) & (ratio < 7))[live].all())
+    assert bool(torch.log2(qw.scale.double()).eq(torch.log2(qw.scale.double()).round()).all())  # powers of two
+    # both branches occur: largest values in [3.5, 4) (one power up from the OCP rule) and in [4, 7)
+    assert bool((ratio[live] < 4).any()) and bool((ratio[live] >= 4).any())
+    assert torch.equal(qw.dequantize()[0, :32], torch.zeros(32))
+
+
 @pytest.mark.parametrize("name", ["nvfp4", "mxfp4"])
 def test_rtn_search_picks_each_groups_best_candidate_and_dequantises_exactly(name):
+    """nvfp4's rounding searches; mxfp4's search is GPTQ's (search_scales), checked here on the same weights."""
     scheme = get_scheme(name)
     gs = scheme.group_size
     w = torch.randn(24, 4 * gs, generator=torch.Generator().manual_seed(4)) * 0.05
     w[0, :gs] = 0.0  # an all-zero group stays zero
     qw = fp4_quantize(w, scheme)
+    if name == "mxfp4":
+        qw.scale = search_scales(w.reshape(24, 4, gs), scheme, None)
+        qw.q = fp4.round_e2m1(w / qw.scale.repeat_interleave(gs, dim=1))
     div = 1.0 if qw.global_scale is None else qw.global_scale.double().item()
     assert (qw.global_scale is not None) == (name == "nvfp4")
     assert torch.equal(qw.q.double(), e2m1_round_ref(qw.q))  # on the grid
