@@ -47,10 +47,24 @@ def run_recipe(recipe: Recipe, progress=None, skip_eval: bool = False) -> dict:
     if do_eval:
         run_eval, check_gates = eval_api()
         _check_inputs(recipe)
+    draft = recipe.draft if recipe.draft is not None and recipe.draft.train else None
+    if draft is not None:
+        from .drafts.train_job import check_recipe_draft
+
+        check_recipe_draft(draft)
     summary = quantize_to_checkpoint(recipe, progress=progress)
-    result = {"quantize": summary, "eval": None, "gates": None}
-    if not do_eval:
-        return result
+    result = {"quantize": summary, "eval": None, "gates": None, "draft": None}
+    if do_eval:
+        _evaluate(recipe, summary, result, run_eval, check_gates)
+    # after eval, and not for a checkpoint that failed a gate: that run exits 1 and the head would be wasted
+    if draft is not None and (result["gates"] is None or result["gates"]["passed"]):
+        from .drafts.train_job import train_recipe_head
+
+        result["draft"] = train_recipe_head(draft, summary["output"], device=recipe.device)
+    return result
+
+
+def _evaluate(recipe: Recipe, summary: dict, result: dict, run_eval, check_gates) -> None:
     from .models.hf import resolve_model_dir
 
     e = recipe.eval
@@ -62,4 +76,3 @@ def run_recipe(recipe: Recipe, progress=None, skip_eval: bool = False) -> dict:
     failures = list(check_gates(report, e.gates)) if e.gates else []
     result["eval"] = {"report_dir": str(report_dir), "report": report}
     result["gates"] = {"thresholds": dict(e.gates), "failures": failures, "passed": not failures}
-    return result

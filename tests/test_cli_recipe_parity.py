@@ -15,6 +15,7 @@ NO_FLAG = {
     "description": "free text, not a knob",
     "quant.targets": "a list of per-module overrides: recipe file or `quantkit run --set`",
     "eval": "`quantkit eval` and `quantkit run` take the evaluation settings",
+    "draft": "`quantkit draft train` takes the head-training settings (tests/test_draft_eagle.py checks that parity)",
 }
 
 

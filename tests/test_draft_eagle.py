@@ -199,3 +199,57 @@ def test_cli_trains_a_head_that_generate_drafts_with(tmp_path):
     bad = run(app, ["draft", "train", str(folder), "-o", str(head), "--steps", "0"])
     # the app raises it; quantkit's main() turns a UserError into one line and exit code 2
     assert isinstance(bad.exception, UserError) and "--steps must be at least 1" in str(bad.exception)
+
+
+def test_every_recipe_draft_field_is_a_draft_train_flag_with_the_same_default():
+    import inspect
+
+    from quantkit.cli.draft_cmd import DRAFT_FLAGS, train_cmd
+    from quantkit.recipe import DraftOptions
+
+    params = inspect.signature(train_cmd).parameters
+    assert set(DRAFT_FLAGS) <= set(params)
+    assert sorted(DRAFT_FLAGS.values()) == sorted(f for f in DraftOptions.model_fields if f != "train")
+    for flag, field in DRAFT_FLAGS.items():
+        if field != "output":  # the recipe's default is '<output>-draft'; the command needs -o
+            assert params[flag].default.default == DraftOptions.model_fields[field].default, flag
+
+
+def test_a_recipe_draft_section_trains_a_head_for_the_written_checkpoint(tmp_path):
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from quantkit.models.embedded import embedded_model_dir
+    from quantkit.recipe import parse_recipe
+    from quantkit.recipe_run import run_recipe
+
+    tok = AutoTokenizer.from_pretrained(embedded_model_dir())
+    folder = tmp_path / "tiny"
+    tiny_llama(vocab_size=len(tok), hidden=32, seed=9).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    text = Path(__file__).resolve().parent.parent / "calibration" / "texts" / "prose_calib.txt"
+    recipe = (f"model: {folder}\noutput: {tmp_path / 'w4'}\nquant:\n  group_size: 32\n"
+              f"draft:\n  data: {text}\n  samples: 8\n  seq_len: 16\n  steps: 3\n  eval_every: 2\n  vocab: 512\n")
+    with single_thread():
+        result = run_recipe(parse_recipe(recipe))
+    head = tmp_path / "w4-draft"
+    assert result["draft"]["steps"] == 3 and result["draft"]["output"] == str(head)
+    assert json.loads((head / "config.json").read_text())["draft_vocab_size"] == 512
+    from quantkit.open_model import open_model
+
+    opened = open_model(str(tmp_path / "w4"), draft=str(head))  # the quantised checkpoint drafts with it
+    prompt = tok("The lighthouse keeper")["input_ids"]
+    with single_thread():
+        plain = generate(opened.model, prompt, SamplingParams(max_tokens=8)).output_ids()
+        seq = generate(opened.model, prompt, SamplingParams(max_tokens=8), drafter=opened.make_drafter(),
+                       cost_aware=False)
+    assert seq.output_ids() == plain and seq.metrics.spec_steps > 0
+    # a missing draft.data fails before quantising, and `train: false` skips the step
+    bad = recipe.replace(str(text), str(tmp_path / "nope.txt")).replace("w4", "w4b")
+    with pytest.raises(UserError, match="draft.data"):
+        run_recipe(parse_recipe(bad))
+    assert not (tmp_path / "w4b").exists()
+    off = recipe.replace("draft:\n", "draft:\n  train: false\n").replace("w4", "w4c")
+    with single_thread():
+        assert run_recipe(parse_recipe(off))["draft"] is None

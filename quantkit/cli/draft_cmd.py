@@ -9,6 +9,11 @@ from .common import app, console, emit_json
 
 # measured for SmolLM2 (49,152 tokens) on local text: docs/drafts.md, "Choosing N"
 DEFAULT_VOCAB = 4096
+# train's options -> the fields of a recipe's `draft:` section they match (tests/test_draft_eagle.py checks that
+# every field but `train` is here, with the same default)
+DRAFT_FLAGS = {"output": "output", "data": "data", "samples": "samples", "seq_len": "seq_len", "steps": "steps",
+               "batch_size": "batch_size", "lr": "lr", "eval_every": "eval_every", "patience": "patience",
+               "draft_vocab": "vocab", "seed": "seed"}
 
 draft_app = typer.Typer(help="Draft heads for speculative decoding.\n\nExample: quantkit draft train embedded -o ./smollm2-head",
                         no_args_is_help=True)

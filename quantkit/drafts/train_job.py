@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 
@@ -42,3 +43,26 @@ def train_draft_head(path: str, out: str, *, data: str = "self", samples: int = 
     result = train_head(model, calib.samples, out, opts, progress)
     result.update(data=data, data_s=data_s, samples=len(calib.samples), seq_len=seq_len, output=str(out))
     return result
+
+
+def recipe_head_dir(draft, checkpoint: str) -> Path:
+    """Where a recipe's `draft:` step writes its head: draft.output, or '<checkpoint>-draft' beside it."""
+    return Path(draft.output).expanduser() if draft.output else Path(f"{Path(checkpoint).expanduser()}-draft")
+
+
+def check_recipe_draft(draft) -> None:
+    """Before quantising: a path-looking `draft.data` that does not exist is a typo to report in seconds."""
+    spec = draft.data
+    if ("/" in spec or Path(spec).suffix) and not Path(spec).expanduser().exists():
+        raise UserError(f"draft.data: '{spec}' does not exist; fix the path in the recipe (relative paths are "
+                        "from the working directory; '{recipe_dir}/...' is from the recipe's folder)")
+
+
+def train_recipe_head(draft, checkpoint: str, device: str | None = None, progress=None) -> dict:
+    """A recipe's `draft:` step (recipe.schema.DraftOptions): the head for the checkpoint just written, with the
+    same knobs `quantkit draft train` takes."""
+    opts = TrainOptions(steps=draft.steps, batch_size=draft.batch_size, lr=draft.lr, seed=draft.seed,
+                        eval_every=draft.eval_every, patience=draft.patience, vocab=draft.vocab)
+    out = recipe_head_dir(draft, checkpoint)
+    return train_draft_head(checkpoint, str(out), data=draft.data, samples=draft.samples, seq_len=draft.seq_len,
+                            opts=opts, device=device, progress=progress)

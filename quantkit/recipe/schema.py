@@ -197,6 +197,27 @@ class EvalOptions(_Strict):
         return self
 
 
+class DraftOptions(_Strict):
+    """A speculative-decoding draft head trained for the written checkpoint, by `quantkit run` after quantising
+    (and after eval). Every field is also a `quantkit draft train` option (docs/drafts.md)."""
+
+    train: bool = Field(True, description="Train the head; false keeps the section but skips the step.")
+    output: str | None = Field(None, description="Head folder; default '<output>-draft' beside the checkpoint.")
+    data: str = Field("self", description="Training text: 'self' (the checkpoint samples its own text), a "
+                                          "dataset name, or a local file or folder.")
+    samples: int = Field(256, ge=2, description="Token sequences to train and hold out on (a seeded 10% held out).")
+    seq_len: int = Field(128, ge=8, description="Tokens per sequence.")
+    steps: int = Field(300, ge=1, description="Most optimiser steps.")
+    batch_size: int = Field(8, ge=1, description="Sequences per step.")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    eval_every: int = Field(25, ge=1, description="Steps between held-out evaluations (and saved states).")
+    patience: int = Field(3, ge=1, description="Evaluations without improvement before stopping early.")
+    vocab: int = Field(4096, ge=0, description="Draft only among the N most used tokens of the training text "
+                                               "(the output product per drafted token shrinks by V/N; exact "
+                                               "either way); 0 = the whole vocabulary.")
+    seed: int = Field(0, description="Seed for the split, the data order and the head's initial weights.")
+
+
 class Recipe(_Strict):
     """A whole quantisation run."""
 
@@ -211,3 +232,5 @@ class Recipe(_Strict):
     calibration: CalibrationOptions = Field(default_factory=CalibrationOptions,
                                             description="Calibration data (gptq, awq, fp8 static, fp8 KV cache).")
     eval: EvalOptions | None = Field(None, description="Evaluation against the base model, run by `quantkit run`.")
+    draft: DraftOptions | None = Field(None, description="A draft head for speculative decoding, trained for the "
+                                                         "checkpoint by `quantkit run` after quantising.")
