@@ -47,6 +47,32 @@ def _set(pairs: list[str]) -> dict:
     return {k: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in pairs)}
 
 
+def table(sink: Path) -> str:
+    """The markdown table of every row in SINK: perplexity and (share of the RTN-to-float gap closed) per text;
+    the latest row wins for a repeated (tag, method, source, eval)."""
+    rows = {}
+    for line in sink.read_text().splitlines():
+        r = json.loads(line)
+        rows[(r["tag"], r["method"], r["source"], r["eval"])] = r
+    evals = list(dict.fromkeys(k[3] for k in rows))
+    ref = {(m, e): r["ppl"] for (t, m, src, e), r in rows.items() if m in ("float", "rtn")}
+    out = ["| tag | method | calibration | " + " | ".join(evals) + " | quantise s |",
+           "|---|---|---|" + "---:|" * (len(evals) + 1)]
+    for key in dict.fromkeys(k[:3] for k in rows):
+        cells = []
+        for e in evals:
+            r = rows.get((*key, e))
+            if r is None:
+                cells.append("-")
+                continue
+            gap = ref[("rtn", e)] - ref[("float", e)]
+            share = "" if key[1] in ("float", "rtn") else f" ({(ref[('rtn', e)] - r['ppl']) / gap:.0%})"
+            cells.append(f"{r['ppl']:.2f}{share}")
+        secs = rows[(*key, evals[0])].get("seconds", 0)
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + f" | {secs} |")
+    return "\n".join(out)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--methods", default="gptq,awq,awq+gptq")
@@ -57,7 +83,11 @@ def main(argv=None) -> None:
     ap.add_argument("--tag", default="default", help="label of this configuration in the JSON lines")
     ap.add_argument("--set", action="append", default=[], help="recipe override FIELD=VALUE (repeatable)")
     ap.add_argument("--baselines", action="store_true", help="also score float and RTN")
+    ap.add_argument("--table", action="store_true", help="print the table of every stored row and stop")
     a = ap.parse_args(argv)
+    if a.table:
+        print(table(HERE / "out" / "cross_domain.jsonl"))
+        return
 
     from transformers import AutoTokenizer
 
