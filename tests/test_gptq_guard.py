@@ -8,7 +8,9 @@ from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.schemes import Scheme
 from quantkit.solvers.base import held_out_count
-from quantkit.solvers.gptq import GPTQSolver
+from quantkit.solvers.gptq import GPTQSolver, gptq_quantize
+from quantkit.solvers.gptq_guard import choose
+from quantkit.solvers.rtn import rtn_quantize
 
 W4 = Scheme("w4a16", 4, "int", True, 32)
 OPTS = {"actorder": "weight", "scale_dtype": torch.float32, "holdout": 0.2}
@@ -45,16 +47,42 @@ def test_held_out_count_is_the_one_rule_every_guard_uses():
     assert held_out_count(3, 0.99) == 2 and held_out_count(10, 0.0) == 0 and held_out_count(4, 0.01) == 1
 
 
-def test_the_kept_candidate_has_the_lowest_held_out_error():
-    # calibration heavy on the first channels, held-out text on the last: what GPTQ fitted does not carry over
-    w, qw, H_hold = _solve(_mixing(1), _mixing(2))
+def test_choose_keeps_the_lowest_held_out_error_measured_in_float64():
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randn(32, 64, generator=gen)
+    x = torch.randn(256, 64, generator=gen) @ _mixing(1)
+    H, H_hold = 2 * x[:192].t() @ x[:192] / 192, x[192:].double().t() @ x[192:].double()
+    cands = {"act-order weight": gptq_quantize(w, H, W4, actorder="weight", scale_dtype=torch.float32),
+             "act-order off": gptq_quantize(w, H, W4, scale_dtype=torch.float32),
+             "rtn": rtn_quantize(w, W4, scale_dtype=torch.float32)}
+    label, qw = choose(w, H_hold.float(), ("act-order weight", cands["act-order weight"]),
+                       [(k, lambda k=k: cands[k]) for k in ("act-order off", "rtn")])
+    ref = {k: _err64(w, q.dequantize(), H_hold) for k, q in cands.items()}
+    assert label == min(ref, key=ref.get) and qw is cands[label]
+    assert all(abs(qw.stats["held_out_error"][k] - v) <= 1e-4 * v for k, v in ref.items())
+    assert (qw.stats["gptq_guard"] is None) == (label == "act-order weight")
+
+
+def test_a_gptq_winner_is_refitted_on_every_token():
+    w, qw, H_hold = _solve(_mixing(1), _mixing(1))  # held-out text like the calibration text: GPTQ wins
     errors = qw.stats["held_out_error"]
-    assert set(errors) == {"act-order weight", "act-order off", "rtn"}
     winner = min(errors, key=errors.get)
-    # the stored figure for the kept codes is the float64 held-out error of exactly these codes
-    assert abs(errors[winner] - _err64(w, qw.dequantize(), H_hold)) < 1e-4 * errors[winner] + 1e-9
-    assert qw.stats["gptq_guard"] is None if winner == "act-order weight" else qw.stats["gptq_guard"].startswith(winner)
-    assert qw.stats["holdout_tokens"] == 128 and qw.stats["tokens"] == 256
+    assert winner != "rtn" and qw.stats["holdout_tokens"] == 128
+    # the same solve from the Hessian of all 384 tokens, in the order the guard chose
+    gen = torch.Generator().manual_seed(0)
+    torch.randn(32, 64, generator=gen)
+    xs = [torch.randn(64, 64, generator=gen) @ _mixing(1) for _ in range(4)]
+    xs += [torch.randn(64, 64, generator=gen) @ _mixing(1) for _ in range(2)]
+    x = torch.cat(xs)
+    ref = gptq_quantize(w, 2 * x.t() @ x / x.shape[0], W4, actorder="weight" if winner == "act-order weight" else None,
+                        scale_dtype=torch.float32)
+    assert qw.stats["tokens"] == 384
+    assert torch.allclose(qw.dequantize(), ref.dequantize(), rtol=0, atol=1e-5)
+    # and it is not the fit from the 256 calibration tokens alone
+    x = torch.cat(xs[:4])
+    alone = gptq_quantize(w, 2 * x.t() @ x / x.shape[0], W4, actorder="weight" if winner == "act-order weight" else None,
+                          scale_dtype=torch.float32)
+    assert not torch.equal(qw.dequantize(), alone.dequantize())
 
 
 def test_rtn_wins_when_the_held_out_text_weighs_other_channels():
@@ -85,7 +113,8 @@ def test_pipeline_sends_the_last_samples_to_the_guard():
         return quantize_model(m, build_plan(m, recipe), samples).stats["model.layers.0.mlp.down_proj"]
 
     guarded, plain = stats(0.2), stats(0.0)
-    assert guarded["holdout_tokens"] == 16 and guarded["tokens"] == 64  # one of five samples held out
+    assert guarded["holdout_tokens"] == 16  # one of five samples held out; refitted on all of them unless RTN won
+    assert guarded["tokens"] == (64 if (guarded["gptq_guard"] or "").startswith("rtn") else 80)
     assert set(guarded["held_out_error"]) == {"act-order weight", "act-order off", "rtn"}
     assert plain["tokens"] == 80 and "held_out_error" not in plain and "holdout_tokens" not in plain
     del model

@@ -268,6 +268,19 @@ class GPTQSolver(LinearSolver):
                              scale_dtype=o.get("scale_dtype", torch.float16),
                              clip_search=o.get("clip_search", False), name=self.name)
 
+    def _guarded(self, actorder: str | None, qw: QWeight) -> QWeight:
+        """The guard's pick among GPTQ as asked, without act-order and RTN; a GPTQ pick refitted on every token."""
+        others = [("act-order off", lambda: self._gptq(None))] if actorder else []
+        label, qw = gptq_guard.choose(self.weight, self.H_hold, (f"act-order {actorder or 'off'}", qw),
+                                      others + [("rtn", self._rtn)])
+        guard = {k: qw.stats[k] for k in ("held_out_error", "gptq_guard")}
+        if label != "rtn":
+            self.H = gptq_guard.merged(self.H, self.tokens, self.H_hold, self.hold_tokens)
+            self.tokens += self.hold_tokens
+            qw = self._gptq(None if label == "act-order off" else actorder)
+        qw.stats.update(guard, holdout_tokens=self.hold_tokens)
+        return qw
+
     def solve(self) -> QWeight:
         actorder = normalise_actorder(self.options.get("actorder")) or normalise_actorder(self.scheme.actorder)
         if self.tokens == 0:
@@ -279,10 +292,7 @@ class GPTQSolver(LinearSolver):
             return qw
         qw = self._gptq(actorder)
         if self.hold_tokens and qw.stats.get("fallback") is None:
-            others = [("act-order off", lambda: self._gptq(None))] if actorder else []
-            qw = gptq_guard.choose(self.weight, self.H_hold, (f"act-order {actorder or 'off'}", qw),
-                                   others + [("rtn", self._rtn)])
-            qw.stats["holdout_tokens"] = self.hold_tokens
+            qw = self._guarded(actorder, qw)
         qw.stats["tokens"] = self.tokens
         self.H = self.H_hold = None  # the Hessians can be large (in² floats); free them once the layer is done
         return qw

@@ -6,7 +6,9 @@ domain's text, what helps there can hurt elsewhere (issue 23 measured act-order 
 depending on model and text). So the last share of the calibration samples (recipe quant.gptq.holdout) feeds a
 second Hessian instead of the solve, and the solve's result is compared there with the alternatives it could
 have chosen: the same GPTQ without act-order, and plain rounding. The one with the lowest held-out output error
-is kept; when that is not the first choice, quantkit.json says which won and by how much (gptq_guard).
+is kept; when that is not the first choice, quantkit.json says which won and by how much (gptq_guard). A GPTQ
+winner is then solved again from every calibration token, held-out ones included (the choice was made on
+data its fit never saw; the final fit need not waste that data), so the guard costs no calibration tokens.
 """
 from __future__ import annotations
 
@@ -23,9 +25,9 @@ def held_out_error(w: torch.Tensor, qw: QWeight, H_hold: torch.Tensor) -> float:
 
 
 def choose(w: torch.Tensor, H_hold: torch.Tensor, first: tuple[str, QWeight],
-           others: list[tuple[str, Callable[[], QWeight]]]) -> QWeight:
-    """The candidate with the lowest held-out output error; FIRST wins ties (it is what the user asked for).
-    Every candidate's error goes into the winner's stats, so quantkit.json shows the margin."""
+           others: list[tuple[str, Callable[[], QWeight]]]) -> tuple[str, QWeight]:
+    """(label, codes) of the candidate with the lowest held-out output error; FIRST wins ties (it is what the
+    user asked for). Every candidate's error goes into the winner's stats, so quantkit.json shows the margin."""
     label, best = first
     errors = {label: held_out_error(w, best, H_hold)}
     best_label = label
@@ -37,4 +39,9 @@ def choose(w: torch.Tensor, H_hold: torch.Tensor, first: tuple[str, QWeight],
     best.stats["held_out_error"] = {k: round(v, 6) for k, v in errors.items()}
     best.stats["gptq_guard"] = None if best_label == label else (
         f"{best_label}: held-out error {errors[best_label]:.4g} < {errors[label]:.4g} with {label}")
-    return best
+    return best_label, best
+
+
+def merged(H: torch.Tensor, n: int, H_hold: torch.Tensor, n_hold: int) -> torch.Tensor:
+    """The Hessian of all n + n_hold tokens from the two running means."""
+    return (H * n + H_hold * n_hold) / (n + n_hold)
