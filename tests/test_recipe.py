@@ -253,3 +253,17 @@ def test_fp8_gptq_keeps_column_order_under_the_default():
     fp8 = plan.make_solver("model.layers.0.mlp.gate_proj", w)
     integer = plan.make_solver("model.layers.0.self_attn.q_proj", torch.randn(128, 128))
     assert fp8.options["actorder"] is None and integer.options["actorder"] == "weight"
+
+
+def test_guards_and_awq_tolerance_default_to_the_measured_settings():
+    """docs/benchmarks.md, "Across domains": AWQ keeps the mildest alpha within 5% of the best and checks its
+    choices on 20% of the samples; GPTQ checks act-order and itself against RTN on 10%; each can be turned off."""
+    from quantkit.plan import build_plan, solver_options
+    from quantkit.recipe import Recipe, apply_overrides
+    from helpers import tiny_model
+
+    q = Recipe().quant
+    assert (q.awq.tolerance, q.awq.holdout, q.gptq.holdout) == (0.05, 0.2, 0.1)
+    r = apply_overrides(Recipe(), {"quant.method": "awq+gptq", "quant.gptq.holdout": 0, "quant.awq.tolerance": 0})
+    plan = build_plan(tiny_model("llama"), r)
+    assert plan.awq["tolerance"] == 0 and solver_options(r, plan.storage_dtype)["holdout"] == 0
