@@ -31,6 +31,8 @@ OUT = HERE / "out" / "signround"
 W4G64 = {"quant.scheme": "w4a16", "quant.group_size": 64, "quant.symmetric": True}
 METHODS = {"rtn": {"quant.method": "rtn"},
            "gptq": {"quant.method": "gptq", "quant.gptq.actorder": "weight"},
+           "awq": {"quant.method": "awq"},
+           "awq+gptq": {"quant.method": "awq+gptq", "quant.gptq.actorder": "weight"},
            "signround": {"quant.method": "signround"}}
 
 
