@@ -73,7 +73,7 @@ def table(sink: Path) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> None:
+def _args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--methods", default="gptq,awq,awq+gptq")
     ap.add_argument("--sources", default=",".join(SOURCES))
@@ -84,7 +84,11 @@ def main(argv=None) -> None:
     ap.add_argument("--set", action="append", default=[], help="recipe override FIELD=VALUE (repeatable)")
     ap.add_argument("--baselines", action="store_true", help="also score float and RTN")
     ap.add_argument("--table", action="store_true", help="print the table of every stored row and stop")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    a = _args(argv)
     if a.table:
         print(table(HERE / "out" / "cross_domain.jsonl"))
         return

@@ -116,7 +116,6 @@ def quantize(
     base = load_recipe(recipe) if recipe else Recipe()
     if device is not None:
         from ..runtime.build import resolve_device
-
         device = resolve_device(device)
     # every option named in FLAG_FIELDS, as given (None: "as the recipe says")
     flags = {k: v for k, v in locals().items() if k in FLAG_FIELDS}
