@@ -11,7 +11,7 @@ already-solved QWeights, so the writer packs exactly what was learned.
 
 Cost: 3 x iters x batch sample-passes through one layer (forward and backward) plus two forward passes over the
 calibration samples for the reported losses. The defaults (iters 40, batch 2) are a fifth of the paper's steps
-at a quarter of its batch, chosen for CPU time; their time against GPTQ's is not measured yet (docs/benchmarks.md,
+at a quarter of its batch, chosen for CPU time; on SmolLM2 they took 3.7x GPTQ's time (docs/benchmarks.md,
 "Learned rounding").
 """
 from __future__ import annotations
