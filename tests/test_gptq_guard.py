@@ -103,7 +103,6 @@ def test_gptq_is_kept_when_held_out_text_is_like_the_calibration_text():
 
 
 def test_pipeline_sends_the_last_samples_to_the_guard():
-    model = tiny_model("llama", layers=1)
     samples = [torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(5)]
 
     def stats(holdout):
@@ -117,4 +116,3 @@ def test_pipeline_sends_the_last_samples_to_the_guard():
     assert guarded["tokens"] == (64 if (guarded["gptq_guard"] or "").startswith("rtn") else 80)
     assert set(guarded["held_out_error"]) == {"act-order weight", "act-order off", "rtn"}
     assert plain["tokens"] == 80 and "held_out_error" not in plain and "holdout_tokens" not in plain
-    del model
