@@ -32,7 +32,7 @@ def _quantise(src: str, out: str) -> None:
     from quantkit.job import quantize_to_checkpoint
     from quantkit.recipe import Recipe, apply_overrides
 
-    quantize_to_checkpoint(apply_overrides(Recipe(), {"model": src, "output": out, "dtype": "float16",
+    quantize_to_checkpoint(apply_overrides(Recipe(), {"model": src, "output": out, "dtype": "float16", "quant.method": "rtn",
                                                       "device": "cuda"}))
 
 

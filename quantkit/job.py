@@ -78,7 +78,8 @@ def _calibration(recipe: Recipe, model, tok, src):
 
     c = recipe.calibration
     if tok is None:
-        raise UserError(f"'{src}' has no tokenizer; calibration needs one (save the tokenizer beside the model)")
+        raise UserError(f"'{src}' has no tokenizer; method {recipe.quant.method} calibrates on text and needs one "
+                        "(save the tokenizer beside the model, or pass --method rtn)")
     cs = load_calibration(spec=c.spec, tokenizer=tok, num_samples=c.num_samples, seq_len=c.seq_len,
                           seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=model)
     return cs.samples, cs.meta
@@ -88,11 +89,16 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     from .formats.writer import write_checkpoint
     from .models.hf import read_config, resolve_dtype
     from .models.lazy import meta_tensors
+    from .auto_method import resolve as resolve_method
     from .pipeline import quantize_model
 
     t0 = time.time()
-    storage = resolve_dtype(recipe.dtype, read_config(folder))
+    config = read_config(folder)
+    storage = resolve_dtype(recipe.dtype, config)
+    # 'auto' is settled before anything reads the method: the bit budget, the plan and quantkit.json's recipe
+    recipe, why = resolve_method(recipe, getattr(config, "model_type", None))
     model, tok, src, weights, plan = _load(recipe, folder, storage, lazy)
+    plan.method_reason = why
     if recipe.quant.bits is not None:
         plan = apply_bit_budget(plan, model, recipe, _weight_reader(model, weights))
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
@@ -107,6 +113,7 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
                             plan.kv_scheme, recipe.overwrite, dtype=storage, claim=claim)
     errs = [s.get("weight_rel_error") for s in result.stats.values() if s.get("weight_rel_error") is not None]
     return {"output": str(path), "source": str(src), "layers": len(plan.schemes), "method": plan.method,
+            "method_reason": plan.method_reason,
             "scheme": recipe.quant.scheme, "group_size": plan.group_size,
             "mean_weight_rel_error": sum(errs) / len(errs) if errs else None,
             "seconds": round(time.time() - t0, 2), "calibration": calib_meta,
@@ -142,6 +149,7 @@ def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_
         "source_model": str(src),
         "source_bytes": source_bytes,
         "recipe": resolved.model_dump(mode="json"),
+        **({"method_reason": plan.method_reason} if plan.method_reason else {}),
         "calibration": calib_meta or {"spec": None, "reason": "method needs no calibration data"},
         "seeds": {"calibration": recipe.calibration.seed},
         "layers": {n: {**result.stats.get(n, {}), "scheme": s.to_dict()} for n, s in plan.schemes.items()},

@@ -68,6 +68,7 @@ class Plan:
     uncovered: list[Uncovered] = field(default_factory=list)  # matrix weights left in float, not ignored
     moe: dict = field(default_factory=dict)  # recipe.quant.moe: expert calibration knobs
     bit_budget: dict | None = None  # --bits: the target, the average reached, each Linear's width and sensitivity
+    method_reason: str | None = None  # why `--method auto` became `method` (auto_method.py); None when given
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
         scheme = self.schemes[name]
@@ -173,7 +174,10 @@ def _smooth(q, schemes: dict[str, Scheme]) -> dict | None:
 
 def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | None = None) -> Plan:
     """storage_dtype: the dtype the checkpoint is written in (default: the model's)."""
+    from .auto_method import resolve
+
     storage = storage_dtype or next(model.parameters()).dtype
+    recipe, why = resolve(recipe, getattr(model.config, "model_type", None))
     q = recipe.quant
     group_size = default_group_size(model, recipe)
     schemes = schemes_for(model, recipe, group_size)
@@ -186,7 +190,7 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
     return Plan(schemes=schemes, method=q.method, group_size=group_size, options=solver_options(recipe, storage),
                 needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq, smooth=smooth,
                 storage_dtype=storage, uncovered=uncovered, signround=signround,
-                moe=q.moe.model_dump())
+                moe=q.moe.model_dump(), method_reason=why)
 
 
 def _budget_candidates(recipe: Recipe, group_size: int | None) -> list[Scheme]:

@@ -48,6 +48,17 @@ def make_tiny_model(folder: Path, arch: str = "llama", dtype=torch.float32, seed
     return Path(folder)
 
 
+def make_tiny_unmapped_model(folder: Path) -> Path:
+    """A tiny GPT-NeoX model saved to FOLDER: an architecture with nn.Linear projections and no AWQ map."""
+    from transformers import AutoModelForCausalLM, GPTNeoXConfig
+
+    cfg = GPTNeoXConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                        num_attention_heads=4, max_position_embeddings=64)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(folder)
+    return folder
+
+
 def tree_hash(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(Path(folder).rglob("*")) if p.is_file()}

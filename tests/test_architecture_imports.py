@@ -21,7 +21,7 @@ LAYERS = [
     ["quantkit.kernels"],
     ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.recipe", "quantkit.pipeline.capture"],
     ["quantkit.solvers"],
-    ["quantkit.plan"],
+    ["quantkit.plan", "quantkit.auto_method"],
     ["quantkit.pipeline"],
     ["quantkit.job"],
     ["quantkit.runtime"],

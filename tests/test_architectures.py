@@ -15,7 +15,7 @@ def test_quantize_and_load(tmp_path, cli, arch):
 
     src = make_tiny_model(tmp_path / "src", arch)
     out = tmp_path / "out"
-    code, _, err = cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")
     assert code == 0, err
     q = quantkit.load(out, dtype=torch.float32)
     qlin = {n: m for n, m in q.named_modules() if isinstance(m, QuantLinear)}

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import make_tiny_model
+from helpers import make_tiny_model, make_tiny_unmapped_model
 from test_data_support import SAMPLE, tiny_tokenizer
 
 import quantkit
@@ -49,13 +49,7 @@ def test_cli_awq_records_alpha_and_clip_per_layer(tmp_path, cli):
 
 
 def test_cli_unmapped_architecture_exit_code_and_fallback(tmp_path, cli):
-    from transformers import AutoModelForCausalLM, GPTNeoXConfig
-
-    cfg = GPTNeoXConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                        num_attention_heads=4, max_position_embeddings=64)
-    torch.manual_seed(0)
-    src = tmp_path / "neox"
-    AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).save_pretrained(src)
+    src = make_tiny_unmapped_model(tmp_path / "neox")
     tiny_tokenizer().save_pretrained(src)
     args = ["quantize", src, "--method", "awq", "--group-size", "32", "--calib", SAMPLE, "--num-samples", "2",
             "--seq-len", "16", "-q"]

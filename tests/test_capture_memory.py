@@ -146,5 +146,6 @@ def test_self_generated_calibration_loads_the_whole_model(tmp_path):
 
 def test_tiny_model_default_is_streamed(tmp_path):
     src = make_tiny_model(tmp_path / "t", "llama")  # no tokenizer: RTN needs none
-    r = Recipe.model_validate({"model": str(src), "output": str(tmp_path / "o"), "quant": {"group_size": 32}})
+    r = Recipe.model_validate({"model": str(src), "output": str(tmp_path / "o"),
+                              "quant": {"method": "rtn", "group_size": 32}})
     assert quantize_to_checkpoint(r)["loading"] == "layer by layer"

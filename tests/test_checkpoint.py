@@ -36,7 +36,7 @@ def test_layout_and_logits(tmp_path, cli, args):
     src = make_tiny_model(tmp_path / "src", "llama")
     before = tree_hash(src)
     out = tmp_path / "out"
-    code, _, err = cli("quantize", src, "-o", out, "--quiet", *args)
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", *args)
     assert code == 0, err
     assert tree_hash(src) == before  # the source model is never modified
     cfg = json.loads((out / "config.json").read_text())
@@ -76,7 +76,7 @@ def test_layout_and_logits(tmp_path, cli, args):
 def test_no_full_float_copy(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "out"
-    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
     q = quantkit.load(out)
     for name, mod in q.named_modules():
         if isinstance(mod, QuantLinear):
@@ -91,7 +91,7 @@ def test_loads_through_transformers_and_compressed_tensors(tmp_path, cli, asym):
 
     src = make_tiny_model(tmp_path / "src", "qwen2", dtype=torch.float16)
     out = tmp_path / "out"
-    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32", *(["--asym"] if asym else []))[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32", *(["--asym"] if asym else []))[0] == 0
     # transformers 5.24's compressed (default) path registers zero points unpacked and re-initialises the
     # packed ones it reads, so asymmetric checkpoints are loaded with its dequantize=True path, which applies
     # compressed-tensors' own decompress (packed zero points along dim 0, as we write them).
@@ -111,7 +111,7 @@ def test_tied_embeddings_round_trip(tmp_path, cli):
     m.tie_weights()
     m.save_pretrained(src)
     out = tmp_path / "out"
-    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "64")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "64")[0] == 0
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert "lm_head.weight" not in set(f.keys())
     q = quantkit.load(out, dtype=torch.float32)
@@ -123,7 +123,7 @@ def test_cpu_fast_path_uses_packed_ops_and_stays_close(tmp_path, cli):
 
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "out"
-    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
     exact = quantkit.load(out, dtype=torch.float32)
     fast = quantkit.load(out, dtype=torch.float32, cpu_fast=True)
     layer = fast.model.layers[0].mlp.down_proj
@@ -141,7 +141,7 @@ def test_cpu_fast_path_uses_packed_ops_and_stays_close(tmp_path, cli):
 def test_float16_source_computes_in_float32_on_cpu_and_is_stored_in_float16(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama", dtype=torch.float16)
     out = tmp_path / "out"
-    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
     meta = json.loads((out / "quantkit.json").read_text())
     assert meta["dtypes"] == {"compute": "torch.float32", "storage": "torch.float16"}
     assert json.loads((out / "config.json").read_text())["dtype"] == "float16"

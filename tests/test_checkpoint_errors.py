@@ -31,7 +31,7 @@ def ckpt(tmp_path_factory):
     tok = AutoTokenizer.from_pretrained(embedded_model_dir())
     tiny_llama(vocab_size=len(tok), seed=3).save_pretrained(tmp / "src")
     tok.save_pretrained(tmp / "src")
-    r = CliRunner().invoke(app, ["quantize", str(tmp / "src"), "-o", str(tmp / "w4"), "--quiet",
+    r = CliRunner().invoke(app, ["quantize", str(tmp / "src"), "-o", str(tmp / "w4"), "--quiet", "--method", "rtn",
                                  "--group-size", "64"])
     assert r.exit_code == 0, r.output
     assert (tmp / "w4" / "tokenizer.json").is_file()

@@ -56,7 +56,7 @@ def test_conv1d_architecture(tmp_path, cli):
 
 def test_group_size_does_not_divide(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")  # in_features 128 and 256
-    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--group-size", "512")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--group-size", "512")
     _one_line_error(code, err, "model.layers.0.self_attn.q_proj", "in_features=128", "--group-size 32 or 64 or 128")
     assert not (tmp_path / "out").exists()
 
@@ -68,14 +68,14 @@ def test_output_not_empty(tmp_path, cli):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("precious")
     for extra in ([], ["--overwrite"]):
-        code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--group-size", "32", "--quiet", *extra)
+        code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--group-size", "32", "--quiet", *extra)
         _one_line_error(code, err, "not empty", "not a quantkit checkpoint")
         assert (tmp_path / "out" / "keep.txt").read_text() == "precious"
 
 
 def test_unknown_scheme(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
-    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--scheme", "w4a61")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--scheme", "w4a61")
     assert code == 2 and "w4a61" in err and "w4a16" in err
     assert len(err.strip().splitlines()) == 1
 
@@ -91,8 +91,8 @@ def test_corrupt_safetensors(tmp_path, cli):
 def test_source_model_never_modified(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "qwen2")
     before = tree_hash(src)
-    assert cli("quantize", src, "-o", tmp_path / "a", "--group-size", "64", "--asym", "--quiet")[0] == 0
-    assert cli("quantize", src, "-o", tmp_path / "b", "--scheme", "w8a16", "--quiet")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "a", "--group-size", "64", "--asym", "--quiet")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "b", "--scheme", "w8a16", "--quiet")[0] == 0
     assert tree_hash(src) == before
 
 
@@ -108,7 +108,7 @@ def test_killed_mid_write_leaves_no_output(tmp_path):
             real(folder, tensors)       # the data is on disk in the temporary folder...
             os.kill(os.getpid(), signal.SIGKILL)   # ...and the process dies before the rename
         w.save_tensors = dying
-        sys.argv = ["quantkit", "quantize", {str(src)!r}, "-o", {str(out)!r}, "--quiet", "--group-size", "32"]
+        sys.argv = ["quantkit", "quantize", "--method", "rtn", {str(src)!r}, "-o", {str(out)!r}, "--quiet", "--group-size", "32"]
         from quantkit.cli import main
         main()
     """)
@@ -121,13 +121,13 @@ def test_killed_mid_write_leaves_no_output(tmp_path):
 
 def test_cli_json_and_progress(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
-    code, out, err = cli("quantize", src, "-o", tmp_path / "a", "--group-size", "32", "--json")
+    code, out, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "a", "--group-size", "32", "--json")
     assert code == 0
     summary = json.loads(out)
     assert summary["layers"] == 14 and summary["group_size"] == 32 and summary["method"] == "rtn"
-    code, out, err = cli("quantize", src, "-o", tmp_path / "b", "--group-size", "32")
+    code, out, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "b", "--group-size", "32")
     assert code == 0 and "layer 2/2" in err  # the rich progress bar, per layer
-    code, out, err = cli("quantize", src, "-o", tmp_path / "c", "--group-size", "32", "--quiet")
+    code, out, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "c", "--group-size", "32", "--quiet")
     assert code == 0 and "layer" not in err and out == ""
 
 

@@ -229,7 +229,7 @@ def test_a_recipe_draft_section_trains_a_head_for_the_written_checkpoint(tmp_pat
     tiny_llama(vocab_size=len(tok), hidden=32, seed=9).save_pretrained(folder)
     tok.save_pretrained(folder)
     text = Path(__file__).resolve().parent.parent / "calibration" / "texts" / "prose_calib.txt"
-    recipe = (f"model: {folder}\noutput: {tmp_path / 'w4'}\nquant:\n  group_size: 32\n"
+    recipe = (f"model: {folder}\noutput: {tmp_path / 'w4'}\nquant:\n  method: rtn\n  group_size: 32\n"
               f"draft:\n  data: {text}\n  samples: 8\n  seq_len: 16\n  steps: 3\n  eval_every: 2\n  vocab: 512\n")
     with single_thread():
         result = run_recipe(parse_recipe(recipe))

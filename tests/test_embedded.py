@@ -22,7 +22,7 @@ def test_quantize_without_model_uses_embedded(tmp_path, cli, embedded_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "smollm2-w4"
-    code, stdout, err = cli("quantize", "-o", out, "--json")  # no MODEL: the embedded SmolLM2
+    code, stdout, err = cli("quantize", "--method", "rtn", "-o", out, "--json")  # no MODEL: the embedded SmolLM2
     assert code == 0, err
     summary = json.loads(stdout)
     assert summary["layers"] == 30 * 7 and summary["group_size"] == 64

@@ -34,7 +34,8 @@ def run(tmp_path_factory, one_thread):
     save(perturbed(model, 0.05), d / "noisy")
     save(perturbed(model, 0.3), d / "noisier")
     quantize_to_checkpoint(apply_overrides(Recipe(), {"model": str(base), "output": str(d / "w4"),
-                                                      "quant.group_size": 32, "dtype": "float32"}))
+                                                      "quant.group_size": 32, "dtype": "float32",
+                                                      "quant.method": "rtn"}))
     report = run_eval(f"base={base}", [f"same={d / 'same'}", f"noisy={d / 'noisy'}", f"noisier={d / 'noisier'}",
                                        f"w4={d / 'w4'}"],
                       data=str(text_file(d)), tasks=str(task_file(d)), out_dir=d / "out", seq_len=SEQ,

@@ -24,7 +24,8 @@ def folders(tmp_path_factory):
     d = tmp_path_factory.mktemp("backends")
     base = save(tiny_model(), d / "base")
     quantize_to_checkpoint(apply_overrides(Recipe(), {"model": str(base), "output": str(d / "w4"),
-                                                      "quant.group_size": 32, "dtype": "float32"}))
+                                                      "quant.group_size": 32, "dtype": "float32",
+                                                      "quant.method": "rtn"}))
     return d
 
 

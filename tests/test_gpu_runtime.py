@@ -22,7 +22,8 @@ def w4(tmp_path_factory):
     d = tmp_path_factory.mktemp("gpu_w4")
     tiny_model(vocab_size=VOCAB, dtype=torch.float16, seed=3).save_pretrained(d / "base")
     quantize_to_checkpoint(apply_overrides(Recipe(), {"model": str(d / "base"), "output": str(d / "w4"),
-                                                      "quant.group_size": 32, "dtype": "float16"}))
+                                                      "quant.group_size": 32, "dtype": "float16",
+                                                      "quant.method": "rtn"}))
     return str(d / "w4")
 
 

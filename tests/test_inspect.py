@@ -9,8 +9,8 @@ from quantkit.inspect_ckpt import solver_summary
 
 def test_inspect_json_and_table(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
-    assert cli("quantize", src, "-o", tmp_path / "w4", "--quiet", "--group-size", "64")[0] == 0
-    assert cli("quantize", src, "-o", tmp_path / "w8", "--quiet", "--scheme", "w8a16", "--asym")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "w4", "--quiet", "--group-size", "64")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "w8", "--quiet", "--scheme", "w8a16", "--asym")[0] == 0
     code, out, _ = cli("inspect", tmp_path / "w4", "--json")
     assert code == 0
     info = json.loads(out)
@@ -41,7 +41,7 @@ def test_inspect_shows_what_each_method_did(tmp_path, cli, monkeypatch):
     calib = ["--calib", SAMPLE, "--num-samples", "5", "--seq-len", "32", "--group-size", "32", "-q"]
     runs = {"gptq": [], "awq": ["--awq-grid", "4"], "signround": ["--signround-iters", "2"]}
     for method, extra in runs.items():
-        assert cli("quantize", src, "-o", tmp_path / method, "--method", method, *calib, *extra)[0] == 0
+        assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / method, "--method", method, *calib, *extra)[0] == 0
     rows = {m: json.loads(cli("inspect", tmp_path / m, "--json")[1])["layers"] for m in runs}
     gptq = rows["gptq"][0]["solver"]
     assert set(gptq["held_out_error"]) == {"act-order weight",

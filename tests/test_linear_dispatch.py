@@ -124,7 +124,7 @@ def test_a_copy_of_a_loaded_model_makes_its_own_plan(tmp_path):
 def test_a_quantised_checkpoint_loads_with_its_plan_and_its_kernels_prepared(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "out"
-    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
     model = build.load_model(str(out))
     assert isinstance(model.__dict__.get(llama_step.PLAN_ATTR), llama_step.StepPlan)
     quant = [m for m in model.modules() if isinstance(m, QuantLinear)]

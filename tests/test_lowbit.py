@@ -130,7 +130,7 @@ def test_cli_bits_writes_groups_transformers_loads(tmp_path):
     from transformers import AutoModelForCausalLM
 
     _model().save_pretrained(tmp_path / "src")
-    r = CliRunner().invoke(app, ["quantize", str(tmp_path / "src"), "-o", str(tmp_path / "q"), "--bits", "4.2",
+    r = CliRunner().invoke(app, ["quantize", str(tmp_path / "src"), "-o", str(tmp_path / "q"), "--bits", "4.2", "--method", "rtn",
                                  "--quiet"])
     assert r.exit_code == 0, r.output
     info = json.loads(CliRunner().invoke(app, ["inspect", str(tmp_path / "q"), "--json"]).output)
@@ -145,7 +145,7 @@ def test_cli_bits_writes_groups_transformers_loads(tmp_path):
     with torch.no_grad():
         got, theirs = ours(IDS).logits, ext(IDS).logits.float()
     assert (theirs - got).abs().max().item() < 1e-5 * got.abs().max().item()
-    bad = CliRunner().invoke(app, ["quantize", str(tmp_path / "src"), "-o", str(tmp_path / "b"), "--bits", "3",
+    bad = CliRunner().invoke(app, ["quantize", str(tmp_path / "src"), "-o", str(tmp_path / "b"), "--bits", "3", "--method", "rtn",
                                    "--quiet"])
     # main() prints a UserError as one line and exits with its code (2); CliRunner hands back the exception
     assert isinstance(bad.exception, UserError) and bad.exception.exit_code == 2

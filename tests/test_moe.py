@@ -92,7 +92,7 @@ def _quantize(cli, tmp_path, arch, *extra):
     src = save_tiny_moe(tmp_path / f"src-{arch}", arch)
     tiny_tokenizer().save_pretrained(src)
     out = tmp_path / f"out-{arch}"
-    code, _, err = cli("quantize", src, "-o", out, "--quiet", "--group-size", "32", *extra)
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32", *extra)
     assert code == 0, err
     return src, out
 
@@ -132,7 +132,7 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
 
     calib = ["--method", "gptq", "--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32", "--moe-min-tokens", "0"]
     src, out = _quantize(cli, tmp_path, "qwen3_moe", *calib)
-    code, stdout, err = cli("quantize", src, "-o", tmp_path / "again", "--group-size", "32", *calib, "--json")
+    code, stdout, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "again", "--group-size", "32", *calib, "--json")
     assert code == 0, err
     summary = json.loads(stdout)["moe"]
     assert summary["experts"] == 16 and summary["rtn_fallback"] == 0 and summary["fewest_routed_tokens"] >= 0
@@ -188,10 +188,10 @@ def test_an_uncovered_fused_module_stops_the_run_unless_ignored(tmp_path, cli):
 
     cls.__init__ = interleaved
     try:
-        code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--quiet", "--group-size", "32")
+        code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--quiet", "--group-size", "32")
         assert code == 2
         assert "would stay in float" in err and "experts.gate_up_proj" in err and "--ignore" in err
-        code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--quiet", "--group-size", "32",
+        code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--quiet", "--group-size", "32",
                            "--ignore", "experts", "--ignore", "lm_head")
         assert code == 0, err
     finally:

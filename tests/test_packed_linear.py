@@ -194,7 +194,7 @@ def test_quantised_checkpoints_are_not_packed(tmp_path, cli):
     model --compile and pad each of its steps to 4 rows."""
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "w4"
-    assert cli("quantize", src, "-o", out, "--quiet", "--group-size", "32",
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32",
                "--ignore", "lm_head", "--ignore", "model.layers.0.mlp.down_proj")[0] == 0
     model = build.load_model(str(out))
     assert type(model.model.layers[0].mlp.down_proj) is nn.Linear  # left in float32, as the checkpoint has it

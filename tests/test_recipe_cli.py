@@ -71,7 +71,7 @@ def test_list_json_names_every_preset_with_its_description(cli):
 
 def test_run_flags_override_the_file_and_quantkit_json_records_the_resolved_recipe(cli, tmp_path):
     src = make_tiny_model(tmp_path / "src", "llama")
-    recipe = _write(tmp_path, "description: test\noutput: never-used\nquant:\n  scheme: w4a16\n  group_size: 64\n"
+    recipe = _write(tmp_path, "description: test\noutput: never-used\nquant:\n  scheme: w4a16\n  method: rtn\n  group_size: 64\n"
                               "  symmetric: true\n  gptq:\n    damp: 0.02\n")
     out = tmp_path / "out"
     code, _, err = cli("run", recipe, "--model", src, "-o", out, "-q",
@@ -80,7 +80,7 @@ def test_run_flags_override_the_file_and_quantkit_json_records_the_resolved_reci
     assert code == 0, err
     meta = json.loads((out / "quantkit.json").read_text())
     expected = Recipe.model_validate({"description": "test", "model": str(src), "output": str(out), "quant": {
-        "scheme": "w4a16", "group_size": 32, "symmetric": False, "ignore": ["lm_head", "re:.*down_proj"],
+        "scheme": "w4a16", "method": "rtn", "group_size": 32, "symmetric": False, "ignore": ["lm_head", "re:.*down_proj"],
         "gptq": {"damp": 0.02}}})
     assert Recipe.model_validate(meta["recipe"]) == expected
     qc = json.loads((out / "config.json").read_text())["quantization_config"]
@@ -98,13 +98,14 @@ def test_quantkit_json_fills_in_the_group_size_the_run_chose(cli, tmp_path):
                       num_attention_heads=4, num_key_value_heads=2)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path / "src")
     recipe = _write(tmp_path, "quant:\n  scheme: w4a16\n  group_size:\n")
-    code, _, err = cli("quantize", tmp_path / "src", "--recipe", recipe, "-o", tmp_path / "out", "--quiet")
+    code, _, err = cli("quantize", tmp_path / "src", "--recipe", recipe, "-o", tmp_path / "out", "--quiet",
+                       "--method", "rtn")
     assert code == 0, err
     meta = json.loads((tmp_path / "out" / "quantkit.json").read_text())
     assert meta["recipe"]["quant"]["group_size"] == 64
     # and a flag wins over the file's value
     recipe.write_text("quant:\n  scheme: w4a16\n  group_size: 64\n  symmetric: true\n")
-    code, _, err = cli("quantize", tmp_path / "src", "--recipe", recipe, "-o", tmp_path / "out2", "--quiet",
+    code, _, err = cli("quantize", tmp_path / "src", "--recipe", recipe, "-o", tmp_path / "out2", "--quiet", "--method", "rtn",
                        "--group-size", "32", "--asym")
     assert code == 0, err
     q = json.loads((tmp_path / "out2" / "quantkit.json").read_text())["recipe"]["quant"]

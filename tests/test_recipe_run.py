@@ -23,7 +23,7 @@ def tiny_with_tokenizer(tmp_path):
 
 def _recipe(tmp_path, src, gates: str):
     p = tmp_path / "r.yaml"
-    p.write_text(f"model: {src}\noutput: {tmp_path / 'out'}\nquant:\n  scheme: w4a16\n  group_size: 32\n"
+    p.write_text(f"model: {src}\noutput: {tmp_path / 'out'}\nquant:\n  scheme: w4a16\n  method: rtn\n  group_size: 32\n"
                  f"eval:\n  data: {SAMPLE}\n  seq_len: 64\n  max_windows: 4\n  output: {tmp_path / 'report'}\n"
                  f"  gates:\n{gates}")
     return p

@@ -34,7 +34,7 @@ def test_dot_overwrite_in_a_folder_holding_the_source(tmp_path, src, cli, monkey
     (tmp_path / "notes.txt").write_text("mine")
     before = tree_hash(tmp_path)
     monkeypatch.chdir(tmp_path)
-    code, _, err = cli("quantize", "models/tiny", "-o", ".", "--overwrite", "--group-size", "32", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", "models/tiny", "-o", ".", "--overwrite", "--group-size", "32", "--quiet")
     _one_line_error(code, err, "contains the source model", "-o")
     assert tree_hash(tmp_path) == before
 
@@ -44,7 +44,7 @@ def test_dot_overwrite_in_a_folder_of_other_files(tmp_path, src, cli, monkeypatc
     work.mkdir()
     (work / "notes.txt").write_text("mine")
     monkeypatch.chdir(work)
-    code, _, err = cli("quantize", src, "-o", ".", "--overwrite", "--group-size", "32", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", ".", "--overwrite", "--group-size", "32", "--quiet")
     _one_line_error(code, err, "not a quantkit checkpoint", "choose another -o path")
     assert (work / "notes.txt").read_text() == "mine" and sorted(p.name for p in work.iterdir()) == ["notes.txt"]
 
@@ -52,7 +52,7 @@ def test_dot_overwrite_in_a_folder_of_other_files(tmp_path, src, cli, monkeypatc
 @pytest.mark.parametrize("where, needle", [("", "is the source model"), ("sub", "is inside the source model")])
 def test_output_is_or_is_inside_the_source(src, cli, where, needle):
     before = tree_hash(src)
-    code, _, err = cli("quantize", src, "-o", src / where if where else src, "--overwrite", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", src / where if where else src, "--overwrite", "--quiet")
     _one_line_error(code, err, needle)
     assert tree_hash(src) == before and not (src / "sub").exists()
 
@@ -61,18 +61,18 @@ def test_overwrite_refuses_a_folder_quantkit_did_not_write(tmp_path, src, cli):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    code, _, err = cli("quantize", src, "-o", out, "--group-size", "32", "--overwrite", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "32", "--overwrite", "--quiet")
     _one_line_error(code, err, "not a quantkit checkpoint", "quantkit.json")
     assert (out / "keep.txt").read_text() == "precious"
 
 
 def test_overwrite_replaces_a_checkpoint_and_keeps_its_mode(tmp_path, src, cli):
     out = tmp_path / "out"
-    assert cli("quantize", src, "-o", out, "--group-size", "32", "--quiet")[0] == 0
-    code, _, err = cli("quantize", src, "-o", out, "--group-size", "64", "--quiet")
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "32", "--quiet")[0] == 0
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "64", "--quiet")
     _one_line_error(code, err, "not empty", "--overwrite")
     os.chmod(out, 0o751)
-    assert cli("quantize", src, "-o", out, "--group-size", "64", "--overwrite", "--quiet")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "64", "--overwrite", "--quiet")[0] == 0
     assert json.loads((out / "quantkit.json").read_text())["recipe"]["quant"]["group_size"] == 64
     assert os.stat(out).st_mode & 0o777 == 0o751
     leftovers = [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")]
@@ -83,7 +83,7 @@ def test_overwrite_replaces_a_checkpoint_and_keeps_its_mode(tmp_path, src, cli):
 def test_new_checkpoint_follows_the_umask(tmp_path, src, cli, umask, mode):
     old = os.umask(umask)
     try:
-        assert cli("quantize", src, "-o", tmp_path / "out", "--group-size", "32", "--quiet")[0] == 0
+        assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--group-size", "32", "--quiet")[0] == 0
     finally:
         os.umask(old)
     assert os.stat(tmp_path / "out").st_mode & 0o777 == mode
@@ -91,13 +91,13 @@ def test_new_checkpoint_follows_the_umask(tmp_path, src, cli, umask, mode):
 
 def test_empty_output_folder_is_used(tmp_path, src, cli):
     (tmp_path / "out").mkdir()
-    assert cli("quantize", src, "-o", tmp_path / "out", "--group-size", "32", "--quiet")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--group-size", "32", "--quiet")[0] == 0
     assert (tmp_path / "out" / "quantkit.json").is_file()
 
 
 def test_unwritable_parent_fails_before_any_work(src, cli):
     # sysfs refuses new files even to root, so this holds whoever runs the suite
-    code, _, err = cli("quantize", src, "-o", "/sys/quantkit-out", "--group-size", "32", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", "/sys/quantkit-out", "--group-size", "32", "--quiet")
     _one_line_error(code, err, "cannot write in '/sys'", "writable -o path")
 
 
@@ -127,7 +127,7 @@ def slow(folder, tensors):
         time.sleep(0.05)
     real(folder, tensors)
 w.save_tensors = slow
-sys.argv = ["quantkit", "quantize", sys.argv[3], "-o", sys.argv[4], "--quiet", "--group-size", "32"]
+sys.argv = ["quantkit", "quantize", "--method", "rtn", sys.argv[3], "-o", sys.argv[4], "--quiet", "--group-size", "32"]
 from quantkit.cli import main
 main()
 """
@@ -143,9 +143,9 @@ def test_two_writers_on_one_output(tmp_path, src, cli):
                 break
             time.sleep(0.1)
         assert inside.exists(), first.communicate()[1]
-        code, _, err = cli("quantize", src, "-o", out, "--group-size", "64", "--quiet")
+        code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "64", "--quiet")
         _one_line_error(code, err, "another quantkit run", str(first.pid))
-        code, _, err = cli("quantize", src, "-o", out, "--group-size", "64", "--overwrite", "--quiet")
+        code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "64", "--overwrite", "--quiet")
         _one_line_error(code, err, "another quantkit run")
     finally:
         go.touch()
@@ -167,7 +167,7 @@ def test_final_rename_replaces_nothing_it_did_not_claim(tmp_path, src, cli, monk
         real(folder, tensors)
 
     monkeypatch.setattr(w, "save_tensors", intruder)
-    code, _, err = cli("quantize", src, "-o", out, "--group-size", "32", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "32", "--quiet")
     _one_line_error(code, err, "changed while quantising", "nothing was replaced")
     assert sorted(p.name for p in out.iterdir()) == ["theirs.txt"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out.partial")]
@@ -185,7 +185,7 @@ def test_empty_folder_filled_during_the_run_is_kept(tmp_path, src, cli, monkeypa
         real(folder, tensors)
 
     monkeypatch.setattr(w, "save_tensors", filler)
-    code, _, err = cli("quantize", src, "-o", out, "--group-size", "32", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "32", "--quiet")
     _one_line_error(code, err, "changed while quantising")
     assert (out / "late.txt").read_text() == "arrived during the run"
 
@@ -210,7 +210,7 @@ def test_rename_noreplace_refuses_an_empty_folder(tmp_path):
 def test_default_config_beside_small_weights(tmp_path, src, cli):
     """`{"model_type": "llama"}` describes a 7B model: refused from the headers, nothing allocated."""
     (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--quiet")
     _one_line_error(code, err, "does not match its weights", "model.embed_tokens.weight is [512, 128]",
                     "[32000, 4096]", "fix config.json")
     assert not (tmp_path / "out").exists()
@@ -221,7 +221,7 @@ def test_small_config_mismatch(tmp_path, src, cli, method):
     cfg = json.loads((src / "config.json").read_text())
     cfg["intermediate_size"] = 320
     (src / "config.json").write_text(json.dumps(cfg))
-    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--method", method, "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--method", method, "--quiet")
     _one_line_error(code, err, "does not match its weights", "mlp", "[320, 128]")
 
 
@@ -229,7 +229,7 @@ def test_config_with_more_layers_than_the_weights(tmp_path, src, cli):
     cfg = json.loads((src / "config.json").read_text())
     cfg["num_hidden_layers"] = 6
     (src / "config.json").write_text(json.dumps(cfg))
-    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--quiet")
+    code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--quiet")
     _one_line_error(code, err, "safetensors files in", "lack model.layers.2.", "and ", "config.json")
 
 
@@ -254,7 +254,7 @@ def test_matching_tied_model_passes_the_check(tmp_path):
 
 def test_mistyped_relative_path_is_not_a_hub_id(tmp_path, src, cli, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    code, _, err = cli("quantize", "models/tny", "-o", "out")
+    code, _, err = cli("quantize", "--method", "rtn", "models/tny", "-o", "out")
     _one_line_error(code, err, "model folder 'models/tny' does not exist")
 
 

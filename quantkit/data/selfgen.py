@@ -33,7 +33,8 @@ def _first_tokens(model, tokenizer, context: list[int], n: int, vocab: int, g: t
     else:
         probs = torch.ones(vocab)
     special = [i for i in tokenizer.all_special_ids if i < vocab]
-    probs[special] = 0.0
+    if len(set(special)) < vocab:  # a vocabulary of special tokens only (tiny test tokenizers) keeps them
+        probs[special] = 0.0
     # The candidates are the most likely openings, a pool a few times larger than needed, so that the
     # draw without replacement gives distinct yet plausible first tokens.
     k = min(max(4 * n, 1024), int((probs > 0).sum()))

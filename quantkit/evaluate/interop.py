@@ -91,7 +91,9 @@ def build(case: Case, out: Path, texts: Path) -> Path:
     from ..job import quantize_to_checkpoint
     from ..recipe import Recipe, apply_overrides
 
-    values = {k: (v.format(texts=texts) if isinstance(v, str) else v) for k, v in case.overrides.items()}
+    # a case names its method when it is not RTN; the default (auto) would calibrate, and change what a case means
+    values = {"quant.method": "rtn",
+              **{k: (v.format(texts=texts) if isinstance(v, str) else v) for k, v in case.overrides.items()}}
     values.update({"output": str(out), "overwrite": True, "dtype": case.dtype})
     recipe = apply_overrides(Recipe(), values)
     if case.targets:

@@ -12,7 +12,7 @@ from pydantic_core import PydanticCustomError
 
 from .gates import GATES
 
-Method = Literal["rtn", "gptq", "awq", "awq+gptq", "signround"]
+Method = Literal["auto", "rtn", "gptq", "awq", "awq+gptq", "signround"]
 SchemeName = Literal["w4a16", "w8a16", "w3a16", "w2a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4", "nvfp4-a4"]
 
 
@@ -125,7 +125,9 @@ class QuantOptions(_WithGroupSize):
     """What to quantise and how: the default scheme, the solver and its knobs, what stays in float."""
 
     scheme: SchemeName = Field("w4a16", description="Default scheme for every targeted Linear.")
-    method: Method = Field("rtn", description="Solver: rtn, gptq, awq, awq+gptq or signround.")
+    # 'auto' by default: the measured best per scheme and architecture (auto_method.py, docs/benchmarks.md)
+    method: Method = Field("auto", description="Solver: auto, rtn, gptq, awq, awq+gptq or signround. 'auto': awq "
+                           "for integer weights of 4 bits or fewer on an architecture AWQ has a map for, else rtn.")
     group_size: int | None = Field(
         None, description="32, 64, 128 or -1 (per channel); empty = the scheme's (128 for w4a16), or the "
                           "largest of 64, 32 dividing every targeted layer's width.")

@@ -1,0 +1,38 @@
+"""What `--method auto` (the default) means: the solver measured best for the scheme and the architecture.
+
+The rule comes from docs/benchmarks.md ("The default method"): for integer weights of 4 bits or fewer, AWQ with
+its held-out guard and tolerance closed 47-62% of the RTN-to-float gap on every held-out text when calibrated on
+text the model sampled itself (the default calibration), never losing to RTN, while GPTQ closed 11-35% there and
+lost to RTN out of its calibration domain with prose or code calibration. For 8-bit integer weights RTN is
+within 0.3% of float, so a calibration pass buys nothing. FP8 and FP4 keep RTN: GPTQ's gain there was measured
+on in-domain text only, and AWQ searches on an integer grid. An architecture with no AWQ map gets RTN.
+"""
+from __future__ import annotations
+
+from .schemes import get_scheme
+
+AUTO = "auto"
+
+
+def choose_method(model_type: str | None, scheme_name: str, target_schemes: list[str]) -> tuple[str, str]:
+    """(method, why) for `auto`; why is the one line quantkit.json and the CLI summary show."""
+    from .solvers.awq_maps import BUILDERS
+
+    schemes = [get_scheme(n) for n in (scheme_name, *target_schemes)]
+    low_int = [s for s in schemes if s.type == "int" and s.activations is None and s.num_bits <= 4]
+    if not low_int or any(s.is_fp4 for s in schemes):  # AWQ refuses the FP4 schemes (plan.py)
+        return "rtn", f"auto: rtn ({scheme_name}: no calibrated method measured better for this scheme)"
+    if model_type not in BUILDERS:
+        return "rtn", f"auto: rtn (AWQ has no scaling map for model type '{model_type}')"
+    return "awq", f"auto: awq ({scheme_name} on '{model_type}': the measured best for integer weights of 4 bits or fewer)"
+
+
+def resolve(recipe, model_type: str | None):
+    """RECIPE itself when its method is concrete, else a copy with the chosen method; and the reason (or None)."""
+    q = recipe.quant
+    if q.method != AUTO:
+        return recipe, None
+    method, why = choose_method(model_type, q.scheme, [t.scheme for t in q.targets])
+    out = recipe.model_copy(deep=True)
+    out.quant.method = method
+    return out, why

@@ -1,0 +1,106 @@
+"""`--method auto`, the default: AWQ for integer weights of 4 bits or fewer on a mapped architecture, RTN
+elsewhere (docs/benchmarks.md, "The default method"), settled once and recorded in quantkit.json."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from helpers import make_tiny_model, make_tiny_unmapped_model
+from test_data_support import SAMPLE, tiny_tokenizer
+
+from quantkit.auto_method import choose_method, resolve
+from quantkit.recipe import Recipe, apply_overrides
+
+CALIB = ("--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32")
+
+
+@pytest.mark.parametrize("model_type, scheme, targets, expected", [
+    ("llama", "w4a16", [], "awq"),
+    ("qwen2", "w3a16", [], "awq"),
+    ("llama", "w2a16", [], "awq"),
+    ("llama", "w8a16", ["w4a16"], "awq"),  # a 4-bit part is what AWQ is for
+    ("llama", "w8a16", [], "rtn"),
+    ("llama", "fp8", [], "rtn"),
+    ("llama", "fp8-dynamic", [], "rtn"),
+    ("llama", "w8a8", [], "rtn"),
+    ("llama", "nvfp4", [], "rtn"),
+    ("llama", "mxfp4", ["w4a16"], "rtn"),  # AWQ refuses FP4 schemes, so one FP4 part rules it out
+    ("gpt_neox", "w4a16", [], "rtn"),  # no AWQ map
+    (None, "w4a16", [], "rtn"),
+])
+def test_choice_per_scheme_and_architecture(model_type, scheme, targets, expected):
+    method, why = choose_method(model_type, scheme, targets)
+    assert method == expected
+    assert why.startswith(f"auto: {expected} (")
+
+
+def test_default_is_auto_and_a_given_method_is_kept():
+    assert Recipe().quant.method == "auto"
+    given = apply_overrides(Recipe(), {"quant.method": "gptq"})
+    same, why = resolve(given, "llama")
+    assert same is given and why is None
+    chosen, why = resolve(Recipe(), "llama")
+    assert chosen.quant.method == "awq" and "awq" in why
+    assert Recipe().quant.method == "auto"  # resolve copies; the caller's recipe is not changed
+
+
+def test_cli_default_runs_awq_and_records_why(tmp_path, cli):
+    src = make_tiny_model(tmp_path / "tiny", "llama")
+    tiny_tokenizer().save_pretrained(src)
+    out = tmp_path / "out"
+    code, stdout, err = cli("quantize", src, "-o", out, "--group-size", "32", *CALIB, "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["method"] == "awq" and summary["method_reason"].startswith("auto: awq")
+    meta = json.loads((out / "quantkit.json").read_text())
+    # the recipe stored is the one that ran: re-running it gives the same method even if the default changes
+    assert meta["recipe"]["quant"]["method"] == "awq"
+    assert meta["method_reason"] == summary["method_reason"]
+    assert all("awq_alpha" in s for s in meta["layers"].values())
+    assert meta["calibration"]["spec"] == str(SAMPLE)
+
+
+def test_cli_default_on_an_unmapped_architecture_is_rtn_without_calibration(tmp_path, cli):
+    src = make_tiny_unmapped_model(tmp_path / "neox")
+    tiny_tokenizer().save_pretrained(src)
+    out = tmp_path / "out"
+    code, stdout, err = cli("quantize", src, "-o", out, "--group-size", "32", "--json")
+    assert code == 0, err  # not AWQ's "no scaling map" error: auto never picks what cannot run
+    summary = json.loads(stdout)
+    assert summary["method"] == "rtn" and "no scaling map for model type 'gpt_neox'" in summary["method_reason"]
+    meta = json.loads((out / "quantkit.json").read_text())
+    assert meta["recipe"]["quant"]["method"] == "rtn"
+    assert meta["calibration"]["spec"] is None  # RTN needs no text, so none was sampled
+
+
+def test_cli_default_w8_is_rtn(tmp_path, cli):
+    src = make_tiny_model(tmp_path / "tiny", "llama")
+    out = tmp_path / "out"
+    code, stdout, err = cli("quantize", src, "-o", out, "--scheme", "w8a16", "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["method"] == "rtn"
+    assert json.loads((out / "quantkit.json").read_text())["calibration"]["spec"] is None
+
+
+def test_cli_default_with_a_bit_budget_scales_then_mixes_widths(tmp_path, cli):
+    """auto + --bits: AWQ runs over the widths the budget chose, and transformers computes what quantkit does."""
+    from transformers import AutoModelForCausalLM
+
+    import quantkit
+
+    src = make_tiny_model(tmp_path / "tiny", "llama")
+    tiny_tokenizer().save_pretrained(src)
+    out = tmp_path / "out"
+    code, stdout, err = cli("quantize", src, "-o", out, "--bits", "4.2", "--group-size", "32", *CALIB, "--json")
+    assert code == 0, err
+    assert json.loads(stdout)["method"] == "awq"
+    meta = json.loads((out / "quantkit.json").read_text())
+    assert len({s["scheme"]["num_bits"] for s in meta["layers"].values()}) > 1
+    assert any(s.get("awq_alpha") is not None for s in meta["layers"].values())
+    ids = torch.tensor([[5, 9, 100, 33, 2, 250, 7]])
+    ours = quantkit.load(out, dtype=torch.float32)
+    theirs = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        a, b = ours(ids).logits, theirs(ids).logits.float()
+    assert (a - b).abs().max().item() < 1e-5 * a.abs().max().item()
