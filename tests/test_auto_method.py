@@ -104,3 +104,15 @@ def test_cli_default_with_a_bit_budget_scales_then_mixes_widths(tmp_path, cli):
     with torch.no_grad():
         a, b = ours(ids).logits, theirs(ids).logits.float()
     assert (a - b).abs().max().item() < 1e-5 * a.abs().max().item()
+
+
+def test_a_tokenizer_built_from_nothing_is_no_tokenizer(tmp_path, cli):
+    """transformers makes a gemma tokenizer of special tokens only when the folder has none; the default (AWQ)
+    then stops with the one-line fix instead of calibrating on those tokens."""
+    src = make_tiny_model(tmp_path / "gemma", "gemma")
+    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--group-size", "32")
+    assert code == 2 and "has no tokenizer" in err and "--method rtn" in err
+    assert not (tmp_path / "out").exists()
+    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--group-size", "32", "--method", "rtn", "-q")
+    assert code == 0, err
+    assert not (tmp_path / "out" / "tokenizer_config.json").exists()

@@ -62,3 +62,18 @@ def test_tokenizer_without_bos_conditions_on_start_token_but_does_not_keep_it(mo
 def test_self_needs_a_model():
     with pytest.raises(UserError, match="no model was given"):
         load_calibration("self", tiny_tokenizer(), num_samples=2, seq_len=8)
+
+
+def test_a_vocabulary_of_special_tokens_only_still_samples(tmp_path):
+    """Called directly with a tokenizer that has nothing but special tokens (transformers builds one for some
+    model types from an empty folder), sampling draws from them instead of failing on an all-zero distribution."""
+    from helpers import make_tiny_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = make_tiny_model(tmp_path / "gemma", "gemma")
+    tok = AutoTokenizer.from_pretrained(folder)
+    assert len(tok) == len(set(tok.all_special_ids))
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    calib = load_calibration("self", tok, num_samples=3, seq_len=8, seed=0, model=model)
+    assert [s.shape for s in calib.samples] == [(8,)] * 3
+    assert all(int(s.max()) < len(tok) for s in calib.samples)

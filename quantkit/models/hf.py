@@ -104,9 +104,12 @@ def load_tokenizer(src: Path):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(src)
+        tok = AutoTokenizer.from_pretrained(src)
     except Exception:
         return None
+    # with no tokenizer files, transformers builds some model types' tokenizer from nothing: special tokens
+    # only. Calibrating on it would sample nothing but those, so it counts as no tokenizer.
+    return tok if len(tok) > len(set(tok.all_special_ids)) else None
 
 
 def load_float_model(model: str | None, dtype: str = "auto", device: str = "cpu"):
