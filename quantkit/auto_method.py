@@ -14,25 +14,31 @@ from .schemes import get_scheme
 AUTO = "auto"
 
 
-def choose_method(model_type: str | None, scheme_name: str, target_schemes: list[str]) -> tuple[str, str]:
-    """(method, why) for `auto`; why is the one line quantkit.json and the CLI summary show."""
-    from .solvers.awq_maps import BUILDERS
+def choose_method(config, scheme_name: str, target_schemes: list[str], bits: float | None = None) -> tuple[str, str]:
+    """(method, why) for `auto` on a model with CONFIG; why is the one line quantkit.json and the CLI show.
+    bits: the recipe's bit budget, which spends 3, 4 and 8-bit integer widths (plan.apply_bit_budget)."""
+    from .solvers.awq_maps import map_for
 
     schemes = [get_scheme(n) for n in (scheme_name, *target_schemes)]
-    low_int = [s for s in schemes if s.type == "int" and s.activations is None and s.num_bits <= 4]
+    weight_only_int = [s for s in schemes if s.type == "int" and s.activations is None]
+    # a budget below 8 bits gives some Linears 3 or 4 bits whatever the base scheme says
+    low_int = [s for s in weight_only_int if s.num_bits <= 4 or (bits is not None and bits < 8)]
+    model_type = getattr(config, "model_type", None)
     if not low_int or any(s.is_fp4 for s in schemes):  # AWQ refuses the FP4 schemes (plan.py)
         return "rtn", f"auto: rtn ({scheme_name}: no calibrated method measured better for this scheme)"
-    if model_type not in BUILDERS:
-        return "rtn", f"auto: rtn (AWQ has no scaling map for model type '{model_type}')"
-    return "awq", f"auto: awq ({scheme_name} on '{model_type}': the measured best for integer weights of 4 bits or fewer)"
+    # the map, not the model type: a mapped type can still have no map for some configs (post-norm OPT)
+    if map_for(config) is None:
+        return "rtn", f"auto: rtn (AWQ has no scaling map for this '{model_type}' model)"
+    return "awq", (f"auto: awq ({scheme_name} on '{model_type}': the measured best for integer weights of 4 bits "
+                   "or fewer)")
 
 
-def resolve(recipe, model_type: str | None):
+def resolve(recipe, config):
     """RECIPE itself when its method is concrete, else a copy with the chosen method; and the reason (or None)."""
     q = recipe.quant
     if q.method != AUTO:
         return recipe, None
-    method, why = choose_method(model_type, q.scheme, [t.scheme for t in q.targets])
+    method, why = choose_method(config, q.scheme, [t.scheme for t in q.targets], q.bits)
     out = recipe.model_copy(deep=True)
     out.quant.method = method
     return out, why

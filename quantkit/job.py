@@ -50,6 +50,8 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
     if opened is not None:
         model, tok, src, weights = opened
         plan = build_plan(model, recipe, storage)
+        if plan.needs_data and tok is None:  # before a whole-model reload for sampling, not after
+            raise _no_tokenizer(src, recipe)
         self_calib = (recipe.calibration.spec or "self") == "self"
         if not (self_calib and plan.needs_data):
             return model, tok, src, weights, plan
@@ -73,13 +75,17 @@ def _weight_reader(model, weights):
     return read
 
 
+def _no_tokenizer(src, recipe: Recipe) -> UserError:
+    return UserError(f"'{src}' has no tokenizer; method {recipe.quant.method} calibrates on text and needs one "
+                     "(save the tokenizer beside the model, or pass --method rtn)")
+
+
 def _calibration(recipe: Recipe, model, tok, src):
     from .data import load_calibration
 
     c = recipe.calibration
     if tok is None:
-        raise UserError(f"'{src}' has no tokenizer; method {recipe.quant.method} calibrates on text and needs one "
-                        "(save the tokenizer beside the model, or pass --method rtn)")
+        raise _no_tokenizer(src, recipe)
     cs = load_calibration(spec=c.spec, tokenizer=tok, num_samples=c.num_samples, seq_len=c.seq_len,
                           seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=model)
     return cs.samples, cs.meta
@@ -96,7 +102,7 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     config = read_config(folder)
     storage = resolve_dtype(recipe.dtype, config)
     # 'auto' is settled before anything reads the method: the bit budget, the plan and quantkit.json's recipe
-    recipe, why = resolve_method(recipe, getattr(config, "model_type", None))
+    recipe, why = resolve_method(recipe, config)
     model, tok, src, weights, plan = _load(recipe, folder, storage, lazy)
     plan.method_reason = why
     if recipe.quant.bits is not None:

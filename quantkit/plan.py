@@ -27,6 +27,8 @@ FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": 
 
 def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
     """The solver class for one Linear; the one place a method name and a scheme meet."""
+    if method not in ("rtn", "gptq", "awq", "awq+gptq", "signround"):  # 'auto' is settled in build_plan
+        raise ValueError(f"solver_for needs a concrete method, got {method!r}")
     if scheme.is_int_activations:
         from .solvers.w8a8 import solver_class
 
@@ -177,7 +179,7 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
     from .auto_method import resolve
 
     storage = storage_dtype or next(model.parameters()).dtype
-    recipe, why = resolve(recipe, getattr(model.config, "model_type", None))
+    recipe, why = resolve(recipe, getattr(model, "config", None))
     q = recipe.quant
     group_size = default_group_size(model, recipe)
     schemes = schemes_for(model, recipe, group_size)

@@ -15,32 +15,65 @@ from quantkit.recipe import Recipe, apply_overrides
 CALIB = ("--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32")
 
 
-@pytest.mark.parametrize("model_type, scheme, targets, expected", [
-    ("llama", "w4a16", [], "awq"),
-    ("qwen2", "w3a16", [], "awq"),
-    ("llama", "w2a16", [], "awq"),
-    ("llama", "w8a16", ["w4a16"], "awq"),  # a 4-bit part is what AWQ is for
-    ("llama", "w8a16", [], "rtn"),
-    ("llama", "fp8", [], "rtn"),
-    ("llama", "fp8-dynamic", [], "rtn"),
-    ("llama", "w8a8", [], "rtn"),
-    ("llama", "nvfp4", [], "rtn"),
-    ("llama", "mxfp4", ["w4a16"], "rtn"),  # AWQ refuses FP4 schemes, so one FP4 part rules it out
-    ("gpt_neox", "w4a16", [], "rtn"),  # no AWQ map
-    (None, "w4a16", [], "rtn"),
+def _config(model_type):
+    from types import SimpleNamespace
+
+    from helpers import tiny_config
+    from transformers import GPTNeoXConfig, OPTConfig
+
+    if model_type == "gpt_neox":
+        return GPTNeoXConfig()
+    if model_type == "opt-post-norm":  # opt-350m's layout: a mapped model type whose config has no map
+        return OPTConfig(do_layer_norm_before=False)
+    return tiny_config(model_type) if model_type else SimpleNamespace(model_type=None)
+
+
+@pytest.mark.parametrize("model_type, scheme, targets, bits, expected", [
+    ("llama", "w4a16", [], None, "awq"),
+    ("qwen2", "w3a16", [], None, "awq"),
+    ("opt", "w2a16", [], None, "awq"),
+    ("llama", "w8a16", ["w4a16"], None, "awq"),  # a 4-bit part is what AWQ is for
+    ("llama", "w8a16", [], 4.5, "awq"),  # a budget under 8 bits hands out 3 and 4-bit widths
+    ("llama", "w8a16", [], None, "rtn"),
+    ("llama", "fp8", [], None, "rtn"),
+    ("llama", "fp8-dynamic", [], None, "rtn"),
+    ("llama", "w8a8", [], None, "rtn"),
+    ("llama", "nvfp4", [], None, "rtn"),
+    ("llama", "mxfp4", ["w4a16"], None, "rtn"),  # AWQ refuses FP4 schemes, so one FP4 part rules it out
+    ("gpt_neox", "w4a16", [], None, "rtn"),  # no AWQ map
+    ("opt-post-norm", "w4a16", [], None, "rtn"),
+    (None, "w4a16", [], None, "rtn"),
 ])
-def test_choice_per_scheme_and_architecture(model_type, scheme, targets, expected):
-    method, why = choose_method(model_type, scheme, targets)
+def test_choice_per_scheme_and_architecture(model_type, scheme, targets, bits, expected):
+    method, why = choose_method(_config(model_type), scheme, targets, bits)
     assert method == expected
     assert why.startswith(f"auto: {expected} (")
+
+
+def test_build_plan_settles_auto_itself():
+    """Callers of build_plan without the job (bench scripts, tests) get the same choice, and no solver ever
+    sees 'auto'."""
+    from helpers import tiny_model
+
+    from quantkit.plan import build_plan, solver_for
+    from quantkit.schemes import get_scheme
+
+    model = tiny_model("llama")
+    plan = build_plan(model, Recipe())
+    assert plan.method == "awq" and plan.awq is not None and plan.needs_data
+    assert plan.method_reason.startswith("auto: awq")
+    plan = build_plan(model, apply_overrides(Recipe(), {"quant.scheme": "w8a16"}))
+    assert plan.method == "rtn" and plan.awq is None and not plan.needs_data
+    with pytest.raises(ValueError, match="concrete method"):
+        solver_for("auto", get_scheme("w4a16"))
 
 
 def test_default_is_auto_and_a_given_method_is_kept():
     assert Recipe().quant.method == "auto"
     given = apply_overrides(Recipe(), {"quant.method": "gptq"})
-    same, why = resolve(given, "llama")
+    same, why = resolve(given, _config("llama"))
     assert same is given and why is None
-    chosen, why = resolve(Recipe(), "llama")
+    chosen, why = resolve(Recipe(), _config("llama"))
     assert chosen.quant.method == "awq" and "awq" in why
     assert Recipe().quant.method == "auto"  # resolve copies; the caller's recipe is not changed
 
@@ -68,7 +101,7 @@ def test_cli_default_on_an_unmapped_architecture_is_rtn_without_calibration(tmp_
     code, stdout, err = cli("quantize", src, "-o", out, "--group-size", "32", "--json")
     assert code == 0, err  # not AWQ's "no scaling map" error: auto never picks what cannot run
     summary = json.loads(stdout)
-    assert summary["method"] == "rtn" and "no scaling map for model type 'gpt_neox'" in summary["method_reason"]
+    assert summary["method"] == "rtn" and "no scaling map for this 'gpt_neox' model" in summary["method_reason"]
     meta = json.loads((out / "quantkit.json").read_text())
     assert meta["recipe"]["quant"]["method"] == "rtn"
     assert meta["calibration"]["spec"] is None  # RTN needs no text, so none was sampled

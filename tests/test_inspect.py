@@ -41,7 +41,7 @@ def test_inspect_shows_what_each_method_did(tmp_path, cli, monkeypatch):
     calib = ["--calib", SAMPLE, "--num-samples", "5", "--seq-len", "32", "--group-size", "32", "-q"]
     runs = {"gptq": [], "awq": ["--awq-grid", "4"], "signround": ["--signround-iters", "2"]}
     for method, extra in runs.items():
-        assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / method, "--method", method, *calib, *extra)[0] == 0
+        assert cli("quantize", src, "-o", tmp_path / method, "--method", method, *calib, *extra)[0] == 0
     rows = {m: json.loads(cli("inspect", tmp_path / m, "--json")[1])["layers"] for m in runs}
     gptq = rows["gptq"][0]["solver"]
     assert set(gptq["held_out_error"]) == {"act-order weight",

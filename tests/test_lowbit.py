@@ -108,7 +108,7 @@ def test_plan_upgrades_the_heavy_tailed_layer_and_records_it():
         w = model.get_submodule(P).weight
         heavy = w.sign() * w.abs().pow(3)
         w.copy_(heavy * (w.norm() / heavy.norm()))
-    recipe = Recipe.model_validate({"quant": {"scheme": "w4a16", "bits": 3.8}})
+    recipe = Recipe.model_validate({"quant": {"scheme": "w4a16", "method": "rtn", "bits": 3.8}})
     plan = apply_bit_budget(build_plan(model, recipe), model, recipe,
                             lambda n: model.get_submodule(n).weight.detach().float())
     bits = {n: s.num_bits for n, s in plan.schemes.items()}

@@ -92,7 +92,8 @@ def _quantize(cli, tmp_path, arch, *extra):
     src = save_tiny_moe(tmp_path / f"src-{arch}", arch)
     tiny_tokenizer().save_pretrained(src)
     out = tmp_path / f"out-{arch}"
-    code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32", *extra)
+    method = [] if "--method" in extra else ["--method", "rtn"]
+    code, _, err = cli("quantize", src, "-o", out, "--quiet", "--group-size", "32", *method, *extra)
     assert code == 0, err
     return src, out
 
@@ -132,7 +133,7 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
 
     calib = ["--method", "gptq", "--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32", "--moe-min-tokens", "0"]
     src, out = _quantize(cli, tmp_path, "qwen3_moe", *calib)
-    code, stdout, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "again", "--group-size", "32", *calib, "--json")
+    code, stdout, err = cli("quantize", src, "-o", tmp_path / "again", "--group-size", "32", *calib, "--json")
     assert code == 0, err
     summary = json.loads(stdout)["moe"]
     assert summary["experts"] == 16 and summary["rtn_fallback"] == 0 and summary["fewest_routed_tokens"] >= 0

@@ -221,7 +221,7 @@ def test_small_config_mismatch(tmp_path, src, cli, method):
     cfg = json.loads((src / "config.json").read_text())
     cfg["intermediate_size"] = 320
     (src / "config.json").write_text(json.dumps(cfg))
-    code, _, err = cli("quantize", "--method", "rtn", src, "-o", tmp_path / "out", "--method", method, "--quiet")
+    code, _, err = cli("quantize", src, "-o", tmp_path / "out", "--method", method, "--quiet")
     _one_line_error(code, err, "does not match its weights", "mlp", "[320, 128]")
 
 

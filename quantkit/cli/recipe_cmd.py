@@ -146,6 +146,8 @@ def run(
         q = result["quantize"]
         console.print(f"[green]wrote[/] {q['output']}: {q['layers']} layers, {q['scheme']} {q['method']}, "
                       f"{q['seconds']} s")
+        if q.get("method_reason"):
+            console.print(f"method {q['method_reason']}")
         if result["eval"]:
             console.print(f"[green]eval report[/] {result['eval']['report_dir']}")
         if gates:

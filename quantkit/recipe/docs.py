@@ -47,7 +47,7 @@ was expected`, with the closest valid name for a misspelt key, scheme or method:
 
 ```
 my.yaml:3: quant.sheme: unknown field 'sheme'; did you mean 'scheme'? valid fields here: scheme, method, ...
-my.yaml:4: quant.method: expected one of rtn, gptq, awq, awq+gptq, got 'gtpq'; did you mean 'gptq'?
+my.yaml:4: quant.method: expected one of auto, rtn, gptq, awq, awq+gptq, signround, got 'gtpq'; did you mean 'gptq'?
 ```
 
 **Exit codes** of `quantkit run`: 0 when every gate passes, 1 when a gate fails, 2 for a bad recipe or input.
