@@ -1,5 +1,6 @@
-"""`--method auto`, the default: AWQ for integer weights of 4 bits or fewer on a mapped architecture, RTN
-elsewhere (docs/benchmarks.md, "The default method"), settled once and recorded in quantkit.json."""
+"""`--method auto`, the default: AWQ+GPTQ (AWQ alone on little calibration text) for integer weights of 4 bits or
+fewer on a mapped architecture, RTN elsewhere (docs/benchmarks.md, "The default method"), settled once and
+recorded in quantkit.json."""
 from __future__ import annotations
 
 import json
@@ -9,7 +10,7 @@ import torch
 from helpers import make_tiny_model, make_tiny_unmapped_model
 from test_data_support import SAMPLE, tiny_tokenizer
 
-from quantkit.auto_method import choose_method, resolve
+from quantkit.auto_method import GPTQ_MIN_TOKENS, choose_method, resolve
 from quantkit.recipe import Recipe, apply_overrides
 
 CALIB = ("--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32")
@@ -29,11 +30,11 @@ def _config(model_type):
 
 
 @pytest.mark.parametrize("model_type, scheme, targets, bits, expected", [
-    ("llama", "w4a16", [], None, "awq"),
-    ("qwen2", "w3a16", [], None, "awq"),
-    ("opt", "w2a16", [], None, "awq"),
-    ("llama", "w8a16", ["w4a16"], None, "awq"),  # a 4-bit part is what AWQ is for
-    ("llama", "w8a16", [], 4.5, "awq"),  # a budget under 8 bits hands out 3 and 4-bit widths
+    ("llama", "w4a16", [], None, "awq+gptq"),
+    ("qwen2", "w3a16", [], None, "awq+gptq"),
+    ("opt", "w2a16", [], None, "awq+gptq"),
+    ("llama", "w8a16", ["w4a16"], None, "awq+gptq"),  # a 4-bit part is what AWQ and GPTQ are for
+    ("llama", "w8a16", [], 4.5, "awq+gptq"),  # a budget under 8 bits hands out 3 and 4-bit widths
     ("llama", "w8a16", [], None, "rtn"),
     ("llama", "fp8", [], None, "rtn"),
     ("llama", "fp8-dynamic", [], None, "rtn"),
@@ -50,6 +51,18 @@ def test_choice_per_scheme_and_architecture(model_type, scheme, targets, bits, e
     assert why.startswith(f"auto: {expected} (")
 
 
+def test_little_calibration_text_means_awq_alone():
+    """GPTQ fitted 2,560 tokens of one domain and lost to RTN on the others; AWQ did not."""
+    cfg = _config("llama")
+    assert choose_method(cfg, "w4a16", [], calib_tokens=GPTQ_MIN_TOKENS)[0] == "awq+gptq"
+    method, why = choose_method(cfg, "w4a16", [], calib_tokens=GPTQ_MIN_TOKENS - 1)
+    assert method == "awq" and f"{GPTQ_MIN_TOKENS - 1} calibration tokens" in why
+    # the recipe's samples x length is what counts
+    small = apply_overrides(Recipe(), {"calibration.num_samples": 16, "calibration.seq_len": 256})
+    assert resolve(small, cfg)[0].quant.method == "awq"
+    assert resolve(Recipe(), cfg)[0].quant.method == "awq+gptq"
+
+
 def test_build_plan_settles_auto_itself():
     """Callers of build_plan without the job (bench scripts, tests) get the same choice, and no solver ever
     sees 'auto'."""
@@ -60,8 +73,9 @@ def test_build_plan_settles_auto_itself():
 
     model = tiny_model("llama")
     plan = build_plan(model, Recipe())
-    assert plan.method == "awq" and plan.awq is not None and plan.needs_data
-    assert plan.method_reason.startswith("auto: awq")
+    assert plan.method == "awq+gptq" and plan.awq is not None and plan.needs_data
+    assert plan.method_reason.startswith("auto: awq+gptq")
+    assert {s.actorder for s in plan.schemes.values()} == {"weight"}  # GPTQ's own default comes with it
     plan = build_plan(model, apply_overrides(Recipe(), {"quant.scheme": "w8a16"}))
     assert plan.method == "rtn" and plan.awq is None and not plan.needs_data
     with pytest.raises(ValueError, match="concrete method"):
@@ -74,7 +88,7 @@ def test_default_is_auto_and_a_given_method_is_kept():
     same, why = resolve(given, _config("llama"))
     assert same is given and why is None
     chosen, why = resolve(Recipe(), _config("llama"))
-    assert chosen.quant.method == "awq" and "awq" in why
+    assert chosen.quant.method == "awq+gptq" and why.startswith("auto: awq+gptq")
     assert Recipe().quant.method == "auto"  # resolve copies; the caller's recipe is not changed
 
 

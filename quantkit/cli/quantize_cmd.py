@@ -68,7 +68,7 @@ def quantize(
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Checkpoint folder to write."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML; flags given here override it."),
     scheme: Optional[str] = typer.Option(None, help="w4a16, w8a16, w3a16 (group 64), w2a16 (group 32), fp8, fp8-dynamic, w8a8 (INT8 weights and per-token activations), w8a8-static, nvfp4 or mxfp4 (4-bit float weights), nvfp4-a4 (4-bit float weights and activations)."),
-    method: Optional[str] = typer.Option(None, help="auto (default: awq for 4-bit-or-fewer integer weights on a mapped architecture, else rtn), rtn, gptq, awq, awq+gptq or signround (learned rounding)."),
+    method: Optional[str] = typer.Option(None, help="auto (default: awq+gptq for 4-bit-or-fewer integer weights on a mapped architecture, awq alone below 32768 calibration tokens, else rtn), rtn, gptq, awq, awq+gptq or signround (learned rounding)."),
     group_size: Optional[int] = typer.Option(None, "--group-size", help="32, 64, 128 or -1 (per channel)."),
     bits: Optional[float] = typer.Option(None, "--bits", help="Average bits per weight, scales included (e.g. 4.5): each Linear gets 3, 4 or 8 bits by its measured rounding sensitivity."),
     sym: Optional[bool] = typer.Option(None, "--sym/--asym", help="Symmetric grid (default) or with zero points."),
@@ -138,7 +138,7 @@ def demo(
     """
     from ..recipe import Recipe, apply_overrides
 
-    # RTN on purpose: the demo is the seconds-long first try; `quantize` without --method runs the better, slower AWQ
+    # RTN on purpose: the demo is the seconds-long first try; `quantize` without --method calibrates (auto)
     r = apply_overrides(Recipe(), {"output": output, "overwrite": overwrite or None, "quant.group_size": 64,
                                    "quant.method": "rtn"})
     _run(r, quiet, as_json)
