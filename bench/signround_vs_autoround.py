@@ -102,8 +102,11 @@ def main(argv=None) -> None:
     ap.add_argument("--eval", default=str(HERE / "data" / "eval_prose.txt"))
     ap.add_argument("--max-windows", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--set", action="append", default=[], help="recipe override FIELD=VALUE for quantkit rows")
+    ap.add_argument("--tag", default="", help="suffix of the stored row names, to keep variants apart")
     a = ap.parse_args(argv)
     import torch
+    import yaml
     from transformers import AutoTokenizer
 
     from quantkit.data import load_eval_windows
@@ -124,13 +127,14 @@ def main(argv=None) -> None:
             info["note"] = f"auto-round, {a.autoround_iters} iters, batch {a.autoround_batch}, {info['format']} export"
         else:
             extra = {"quant.signround.iters": a.iters} if name == "signround" and a.iters else {}
+            extra.update({k: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in a.set)})
             model, info = quantkit_row(name, base, ids, extra)
             info["note"] = f"quantkit; {info.pop('fallback_linears')} Linears fell back" if name == "signround" else "quantkit"
         row = {"ppl": perplexity(model, list(windows)), **info}
         rows = json.loads(store.read_text()) if store.exists() else {}  # another run may have added rows
-        rows[name] = row
+        rows[name + a.tag] = row
         store.write_text(json.dumps(rows, indent=1))
-        print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
+        print(f"{name + a.tag}: {row}", file=sys.stderr, flush=True)
     print(table(rows))
     print(f"\ncalibration {len(ids)} x {ids.shape[1]} self-generated tokens; eval {Path(a.eval).name}, "
           f"{len(windows)} x 512 tokens; torch threads {a.threads}")

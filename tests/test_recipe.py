@@ -232,7 +232,7 @@ def test_gptq_defaults_to_act_order_weight():
     assert {s.actorder for s in build_plan(model, gptq).schemes.values()} == {"weight"}
     off = apply_overrides(gptq, {"quant.gptq.actorder": "off"})
     assert {s.actorder for s in build_plan(model, off).schemes.values()} == {None}
-    rtn = apply_overrides(Recipe(), {"quant.group_size": 32})  # act-order means nothing without GPTQ
+    rtn = apply_overrides(Recipe(), {"quant.method": "rtn", "quant.group_size": 32})  # act-order needs GPTQ
     assert {s.actorder for s in build_plan(model, rtn).schemes.values()} == {None}
 
 
