@@ -77,6 +77,7 @@ def inspect_checkpoint(folder) -> dict:
         "source_bytes": source,
         "compression": round(source / total, 3) if source else None,
         "method": meta.get("recipe", {}).get("quant", {}).get("method"),
+        "method_reason": meta.get("method_reason"),  # set when the method was left to `auto`
         "calibration": meta.get("calibration"),
         # parameters stored in 16/32-bit float (embeddings, norms, routers, ignored layers), of all parameters
         "float_share": round(float_values / max(1, float_values + quant_values), 4),

@@ -106,6 +106,10 @@ def test_cli_default_runs_awq_and_records_why(tmp_path, cli):
     assert meta["method_reason"] == summary["method_reason"]
     assert all("awq_alpha" in s for s in meta["layers"].values())
     assert meta["calibration"]["spec"] == str(SAMPLE)
+    code, stdout, _ = cli("inspect", out, "--json")
+    assert code == 0 and json.loads(stdout)["method_reason"] == summary["method_reason"]
+    code, stdout, _ = cli("inspect", out)
+    assert code == 0 and "method auto: awq (" in stdout
 
 
 def test_cli_default_on_an_unmapped_architecture_is_rtn_without_calibration(tmp_path, cli):

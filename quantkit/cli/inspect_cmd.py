@@ -41,6 +41,8 @@ def inspect(
     ratio = f" ({info['compression']}x smaller)" if info["compression"] else ""
     out.print(f"checkpoint {_mb(info['total_bytes'])} vs original {_mb(info['source_bytes'])}{ratio}; "
               f"{info['float_share']:.1%} of the parameters in float")
+    if info["method_reason"]:
+        out.print(f"method {info['method_reason']}")
     if info["bit_budget"]:
         b = info["bit_budget"]
         out.print(f"--bits {b['target']}: {info['average_bits_per_weight']:.3f} bits per quantised weight "
