@@ -84,9 +84,9 @@ def _calibration(source: str, samples: int, seq_len: int, tok, model, out_dir: P
     if source != "self":
         return load_calibration(spec=SOURCES[source], tokenizer=tok, num_samples=samples, seq_len=seq_len,
                                 seed=0).samples
-    stored = sorted(out_dir.glob(f"self_calib_*x{seq_len}.pt"), key=lambda p: int(p.stem.split("_")[2].split("x")[0]))
-    for p in stored:
-        if int(p.stem.split("_")[2].split("x")[0]) >= samples:
+    stored = sorted((int(p.stem.split("_")[2].split("x")[0]), p) for p in out_dir.glob(f"self_calib_*x{seq_len}.pt"))
+    for n, p in stored:
+        if n >= samples:
             return torch.load(p)[:samples]
     got = load_calibration(spec="self", tokenizer=tok, num_samples=samples, seq_len=seq_len, seed=0,
                            model=model).samples

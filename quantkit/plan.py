@@ -7,14 +7,17 @@ gets, whether calibration data is needed, the solvers' options and the KV-cache 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import get_args
 
 import torch
 from torch import nn
 
+from .auto_method import AUTO, resolve
 from .errors import UserError
 from .formats.moe_names import ROUTER_SUFFIXES
 from .models.coverage import Uncovered, check_coverage
 from .recipe import Recipe
+from .recipe.schema import Method
 from .schemes import Scheme, fitting_group_size, get_scheme, scale_dtype_for
 from .solvers.base import LinearSolver
 from .targets import matches
@@ -25,9 +28,13 @@ FP8_KV_SCHEME = {"num_bits": 8, "type": "float", "symmetric": True, "strategy": 
                  "observer_kwargs": {}}
 
 
+# the schema's methods less 'auto', which build_plan settles before any solver is picked
+CONCRETE_METHODS = tuple(m for m in get_args(Method) if m != AUTO)
+
+
 def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
     """The solver class for one Linear; the one place a method name and a scheme meet."""
-    if method not in ("rtn", "gptq", "awq", "awq+gptq", "signround"):  # 'auto' is settled in build_plan
+    if method not in CONCRETE_METHODS:  # 'auto' is settled in build_plan
         raise ValueError(f"solver_for needs a concrete method, got {method!r}")
     if scheme.is_int_activations:
         from .solvers.w8a8 import solver_class
@@ -176,8 +183,6 @@ def _smooth(q, schemes: dict[str, Scheme]) -> dict | None:
 
 def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | None = None) -> Plan:
     """storage_dtype: the dtype the checkpoint is written in (default: the model's)."""
-    from .auto_method import resolve
-
     storage = storage_dtype or next(model.parameters()).dtype
     recipe, why = resolve(recipe, getattr(model, "config", None))
     q = recipe.quant
