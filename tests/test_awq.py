@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from torch import nn
 
 from quantkit.pipeline import capture
 from quantkit.errors import UserError
@@ -18,9 +19,10 @@ from quantkit.formats.moe_names import is_router
 from quantkit.models.moe import unfuse_experts
 from quantkit.schemes import Scheme
 from quantkit.solvers.awq import AWQTransform, normalised_scales, weight_profile
-from quantkit.solvers.awq_clip import GramAccumulator, apply_clip, search_clip
+from quantkit.solvers.awq_block import _GroupData, block_error, fake_quantize, measured_copy
+from quantkit.solvers.awq_clip import CLIP_DAMP, GramAccumulator, apply_clip, search_clip
 from quantkit.solvers.awq_fold import fold_scales, prev_width
-from quantkit.solvers.awq_maps import map_for, mapped_architectures
+from quantkit.solvers.awq_maps import ScaleGroup, map_for, mapped_architectures
 from quantkit.solvers.rtn import rtn_quantize
 
 
@@ -228,31 +230,84 @@ def test_duo_weight_profile_is_the_mean_group_relative_magnitude():
     assert torch.allclose(got, ref, rtol=1e-6)  # float32 division and mean vs float64
 
 
-def test_clip_search_gram_error_equals_direct_output_error():
-    """The ratio chosen from X^T X blocks is the one a direct per-group output error over tokens picks."""
+@pytest.mark.parametrize("damp", [0.0, CLIP_DAMP, 5.0])
+def test_clip_search_gram_error_equals_direct_output_error(damp):
+    """The ratio chosen from X^T X blocks is the one a direct per-group output error over tokens picks: every
+    token scaled to unit RMS, plus the ridge term damp x mean(diag G) x |dw|^2."""
     g = torch.Generator().manual_seed(0)
     sch = Scheme("t", 4, "int", True, 16)
     w = torch.randn(8, 64, generator=g)
     w[:, 5] *= 6  # one large weight per row makes shrinking worthwhile
     x = torch.randn(200, 64, generator=g) * torch.exp(torch.randn(64, generator=g))
+    x[::25] *= 40  # a few tokens with outsized activations, which must not outweigh the rest
     acc = GramAccumulator(64, 16, "cpu")
     acc.add(x[:120])
     acc.add(x[120:])
-    ratio = search_clip(w, acc.gram, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32)
+    ratio = search_clip(w, acc.gram, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32, damp=damp)
     ratios = [1.0 - 0.5 * i / 10 for i in range(10)]
-    xg = x.double().reshape(200, 4, 16)
+    xd = x.double()
+    xg = (xd / xd.pow(2).mean(-1, keepdim=True).sqrt()).reshape(200, 4, 16)
     best = torch.zeros(8, 4)
     for o in range(8):
         for grp in range(4):
+            ridge = damp * float(xg[:, grp].pow(2).sum(0).mean())
             errs = []
             for r in ratios:
                 seg = w[o:o + 1, grp * 16:(grp + 1) * 16]
                 clipped = apply_clip(seg, torch.full((1, 1), r), sch)
-                dq = rtn_quantize(clipped, sch, scale_dtype=torch.float32).dequantize()
-                errs.append(float(((dq.double() - seg.double()) @ xg[:, grp].t()).pow(2).sum()))
+                dw = rtn_quantize(clipped, sch, scale_dtype=torch.float32).dequantize().double() - seg.double()
+                errs.append(float((dw @ xg[:, grp].t()).pow(2).sum() + ridge * dw.pow(2).sum()))
             best[o, grp] = ratios[min(range(len(errs)), key=errs.__getitem__)]
     assert torch.equal(ratio, best)
     assert (ratio < 1).any()
+
+
+def test_a_large_damp_chooses_the_data_free_clip():
+    """With the ridge term dominant, the clip minimises the weight's own squared error, whatever the inputs."""
+    g = torch.Generator().manual_seed(1)
+    sch = Scheme("t", 4, "int", True, 16)
+    w = torch.randn(8, 64, generator=g)
+    w[:, 3] *= 5
+    x = torch.randn(300, 64, generator=g) * torch.exp(2 * torch.randn(64, generator=g))
+    acc = GramAccumulator(64, 16, "cpu")
+    acc.add(x)
+    eye = torch.eye(16).expand(4, 16, 16).contiguous()
+    free = search_clip(w, eye, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32, damp=0.0)
+    assert torch.equal(search_clip(w, acc.gram, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32,
+                                   damp=1e6), free)
+    # and the data move it without the ridge: the test would pass vacuously if they never did
+    assert not torch.equal(search_clip(w, acc.gram, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32,
+                                       damp=0.0), free)
+
+
+def test_block_error_weighs_every_token_the_same():
+    """For a Linear block the per-token relative error does not change when one token's input is scaled by
+    1000 (its error and its output grow together); the power-weighted error is dominated by that token."""
+    g = torch.Generator().manual_seed(2)
+    lin = nn.Linear(32, 16, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(16, 32, generator=g))
+    sch = Scheme("t", 4, "int", True, 16)
+    group = ScaleGroup(prev="x", linears=("l",), block="l")
+    x = torch.randn(1, 40, 32, generator=g)
+    s = torch.rand(32, generator=g) + 0.5
+
+    def errors(inp, per_token):
+        data = _GroupData()
+        data.calls = [((inp,), {})]
+        work, copies, originals, refs, weights = measured_copy(lin, group, {"l": lin}, data, per_token)
+        copies["l"].weight.data = fake_quantize(originals["l"] * s, sch, torch.float32) / s
+        return block_error(work, data, refs, weights)
+
+    loud = x.clone()
+    loud[0, 7] *= 1000
+    assert errors(loud, True) == pytest.approx(errors(x, True), rel=1e-6)
+    # float64 reference: the mean over tokens of |error_t|^2 / |output_t|^2
+    wq = fake_quantize(lin.weight.detach().float() * s, sch, torch.float32).double() / s.double()
+    ref_out, q_out = x[0].double() @ lin.weight.double().t(), x[0].double() @ wq.t()
+    ref = float(((q_out - ref_out).pow(2).sum(-1) / ref_out.pow(2).sum(-1)).mean())
+    assert errors(x, True) == pytest.approx(ref, rel=1e-5)
+    assert errors(loud, False) != pytest.approx(errors(x, False), rel=0.05)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -225,15 +225,31 @@ def test_solver_accumulates_running_hessian_over_uneven_batches():
     x = correlated_inputs(g, 300, 32)
     w = torch.randn(16, 32, generator=g)
     solver = GPTQSolver("model.layers.0.mlp.up_proj", w, scheme(4, True, 16), {"block_size": 8})
+    x[::37] *= 50  # a few tokens with outsized activations: balanced, they weigh as much as any other
     for chunk in (x[:7], x[7:100].reshape(3, 31, 32), x[100:]):  # [tokens, in] and [batch, seq, in] both accepted
         solver.add_batch(chunk)
-    expected = 2 * x.double().t() @ x.double() / 300
+    xn = x.double() / x.double().pow(2).mean(-1, keepdim=True).sqrt()
+    expected = 2 * xn.t() @ xn / 300
     # float32 sums of 300 products of O(10) values, rescaled three times: 1e-5 relative covers the rounding
     torch.testing.assert_close(solver.H.double(), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
     qw = solver.solve()
     direct = gptq_quantize(w, expected.float(), scheme(4, True, 16), block_size=8)
     assert torch.equal(qw.q, direct.q)
     assert qw.stats["tokens"] == 300
+
+
+def test_fp8_gptq_keeps_the_power_weighted_hessian():
+    """Token balancing was measured for integer weights only; the FP8/FP4/W8A8 solvers keep H = 2 X X^T / n."""
+    from quantkit.schemes import get_scheme
+    from quantkit.solvers.fp8_gptq import FP8GPTQSolver
+
+    g = torch.Generator().manual_seed(3)
+    x = correlated_inputs(g, 300, 32)
+    x[::37] *= 50
+    solver = FP8GPTQSolver("l", torch.randn(16, 32, generator=g), get_scheme("fp8-dynamic"), {})
+    solver.add_batch(x)
+    expected = 2 * x.double().t() @ x.double() / 300
+    torch.testing.assert_close(solver.H.double(), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
 
 
 def test_solver_takes_actorder_from_options_or_scheme():

@@ -22,6 +22,11 @@ def _err64(w, deq, H):
     return float(((d @ H) * d).sum() / ((w @ H) * w).sum())
 
 
+def _balanced(x):
+    """Each token scaled to unit RMS, as integer GPTQ's Hessian takes it."""
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt()
+
+
 def _mixing(seed):
     """Correlated channels (as real activations have), the correlation GPTQ's compensation exploits."""
     gen = torch.Generator().manual_seed(seed)
@@ -38,7 +43,7 @@ def _solve(search_mix, hold_mix, seed=0):
     for _ in range(2):
         x = torch.randn(64, 64, generator=gen) @ hold_mix
         s.add_holdout(x)
-        H_hold += x.double().t() @ x.double()
+        H_hold += _balanced(x.double()).t() @ _balanced(x.double())
     return w, s.solve(), H_hold
 
 
@@ -73,13 +78,13 @@ def test_a_gptq_winner_is_refitted_on_every_token():
     torch.randn(32, 64, generator=gen)
     xs = [torch.randn(64, 64, generator=gen) @ _mixing(1) for _ in range(4)]
     xs += [torch.randn(64, 64, generator=gen) @ _mixing(1) for _ in range(2)]
-    x = torch.cat(xs)
+    x = _balanced(torch.cat(xs))
     ref = gptq_quantize(w, 2 * x.t() @ x / x.shape[0], W4, actorder="weight" if winner == "act-order weight" else None,
                         scale_dtype=torch.float32)
     assert qw.stats["tokens"] == 384
     assert torch.allclose(qw.dequantize(), ref.dequantize(), rtol=0, atol=1e-5)
     # and it is not the fit from the 256 calibration tokens alone
-    x = torch.cat(xs[:4])
+    x = _balanced(torch.cat(xs[:4]))
     alone = gptq_quantize(w, 2 * x.t() @ x / x.shape[0], W4, actorder="weight" if winner == "act-order weight" else None,
                           scale_dtype=torch.float32)
     assert not torch.equal(qw.dequantize(), alone.dequantize())

@@ -5,9 +5,10 @@ s = mean|x|^a (or, 'duo', mean|x|^a / mean|w|^(1-a)), normalised to a geometric 
 the previous operation's output is divided by s (awq_fold.py), so the float model is unchanged while the
 channels that carry large activations get finer quantisation steps. a is picked on a grid in [0, 1] by the
 output error of the measured block (attention, MLP, or a Linear) on calibration inputs when its targeted Linears
-are fake-quantised with their own scheme (RTN from rtn.py). After all groups are folded, each targeted Linear's
-groups are clamped to the range that minimises its output error (awq_clip.py); the later RTN or GPTQ solve then
-sees the clipped range.
+are fake-quantised with their own scheme (RTN from rtn.py), each token's error taken relative to its own output
+(awq_block.py). After all groups are folded, each targeted Linear's groups are clamped to the range that
+minimises its output error, every token weighing the same, with a ridge term (awq_clip.py); the later RTN or
+GPTQ solve then sees the clipped range.
 
 Memory and time: mean|x| and the clip Gram matrices use every calibration token, but the alpha search runs the
 block on whole samples up to SEARCH_TOKENS tokens (attention mixes tokens, so samples are kept whole; at least

@@ -94,22 +94,38 @@ def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, 
     return data
 
 
-def measured_copy(block, group: ScaleGroup, linears: dict, data: _GroupData):
+@torch.no_grad()
+def measured_copy(block, group: ScaleGroup, linears: dict, data: _GroupData, per_token: bool = True):
     """A float32 copy of the measured block, its copies of the group's Linears, their original weights, the
-    block's float outputs on the kept samples and their total power (the error's denominator)."""
+    block's float outputs on the kept samples and each output's weight in the error (block_error).
+
+    per_token: every token weighs the same, its squared error taken relative to its own output power. A few
+    tokens with outsized activations (attention sinks, chat markers) carry up to a quarter of a layer's output
+    power in SmolLM2; weighted by power they decide the scale for all text, and the choice carries less well to
+    text without them (docs/benchmarks.md, "Every token counts the same"). Else: the error relative to the
+    samples' total output power."""
     work = copy.deepcopy(block).float()
     copies = {n: work.get_submodule(_relative(n, group.block)) for n in linears}
     originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
     refs = [_first(work(*a, **kw)) for a, kw in data.calls]
-    power = sum(float(r.double().pow(2).sum()) for r in refs) or 1.0
-    return work, copies, originals, refs, power
+    powers = [r.double().pow(2).sum(-1, keepdim=True) for r in refs]
+    if per_token:
+        tokens = sum(p.numel() for p in powers) or 1
+        # a token whose output is (near) zero would otherwise weigh without bound
+        floor = max(float(sum(p.sum() for p in powers)) / tokens, 1e-30) * 1e-6
+        weights = [1.0 / (p.clamp_min(floor) * tokens) for p in powers]
+    else:
+        total = float(sum(p.sum() for p in powers)) or 1.0
+        weights = [1.0 / total] * len(refs)
+    return work, copies, originals, refs, weights
 
 
-def block_error(work, data: _GroupData, refs: list, power: float) -> float:
+@torch.no_grad()
+def block_error(work, data: _GroupData, refs: list, weights: list) -> float:
     total = 0.0
-    for (a, kw), r in zip(data.calls, refs):
-        total += float((_first(work(*a, **kw)).double() - r.double()).pow(2).sum())
-    return total / power
+    for (a, kw), r, w in zip(data.calls, refs, weights):
+        total += float(((_first(work(*a, **kw)).double() - r.double()).pow(2) * w).sum())
+    return total
 
 
 def fake_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype) -> torch.Tensor:
@@ -117,12 +133,13 @@ def fake_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype) -> torch.Tensor:
 
 
 def quantised_error(block, group: ScaleGroup, linears: dict, quantised: dict, data: _GroupData, scale_dtype):
-    """error(s): the block's relative output error on DATA's samples when the group's quantised Linears are
-    scaled by s, fake-quantised on their scheme's grid, and unscaled (the float reference: the block as it is)."""
-    work, copies, originals, refs, power = measured_copy(block, group, linears, data)
+    """error(s): the block's per-token relative output error on DATA's samples when the group's quantised
+    Linears are scaled by s, fake-quantised on their scheme's grid, and unscaled (the float reference: the block
+    as it is)."""
+    work, copies, originals, refs, weights = measured_copy(block, group, linears, data)
 
     def error(s: torch.Tensor) -> float:
         for n, sch in quantised.items():
             copies[n].weight.data = fake_quantize(originals[n] * s, sch, scale_dtype) / s
-        return block_error(work, data, refs, power)
+        return block_error(work, data, refs, weights)
     return error, originals

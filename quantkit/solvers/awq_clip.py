@@ -4,12 +4,18 @@ For a group g of columns the output error of a weight change dw over the tokens 
 dw_g^T G_g dw_g with G_g = sum_t x_t,g x_t,g^T, the group's block of the Gram matrix. Accumulating G once
 (tokens x in x group_size) makes each candidate ratio cost out x in x group_size, whatever the token count,
 so every calibration token counts. Cross-group terms are left out, as each group's range is chosen on its own.
+
+Two choices make the clip carry over to text other than the calibration's (docs/benchmarks.md, "Every token
+counts the same"): each token's input is scaled to unit RMS before it enters G, so a few tokens with outsized
+activations do not decide every range; and G is damped towards its mean diagonal (ridge, CLIP_DAMP of it), so
+a direction the calibration text never excites still costs something when a clip moves weight along it.
 """
 from __future__ import annotations
 
 import torch
 
 from ..schemes import Scheme
+from .base import unit_rms
 from .rtn import dequantize_groups, qparams, quantize_groups
 
 
@@ -17,8 +23,12 @@ def group_width(scheme: Scheme, in_features: int) -> int:
     return in_features if scheme.group_size == -1 else scheme.group_size
 
 
+CLIP_DAMP = 0.1
+
+
 class GramAccumulator:
-    """Block-diagonal X^T X of one Linear's inputs, one [gs, gs] block per group, in float32."""
+    """Block-diagonal X^T X of one Linear's inputs, one [gs, gs] block per group, in float32; every token
+    scaled to unit RMS first."""
 
     def __init__(self, in_features: int, gs: int, device):
         self.gs = gs
@@ -26,7 +36,7 @@ class GramAccumulator:
         self.tokens = 0
 
     def add(self, x: torch.Tensor) -> None:
-        xg = x.reshape(-1, self.gram.shape[0], self.gs).float()
+        xg = unit_rms(x.reshape(-1, x.shape[-1]).float()).reshape(-1, self.gram.shape[0], self.gs)
         self.gram += torch.einsum("ngi,ngj->gij", xg, xg)
         self.tokens += xg.shape[0]
 
@@ -53,9 +63,20 @@ def clip_error(w: torch.Tensor, gram: torch.Tensor, scheme: Scheme, ratio, scale
 
 
 @torch.no_grad()
+def damped(gram: torch.Tensor, damp: float) -> torch.Tensor:
+    """Each group's Gram block plus DAMP x its mean diagonal on the diagonal."""
+    if not damp:
+        return gram
+    d = torch.diagonal(gram, dim1=-2, dim2=-1).mean(-1)
+    return gram + damp * d[:, None, None] * torch.eye(gram.shape[-1], device=gram.device, dtype=gram.dtype)
+
+
+@torch.no_grad()
 def search_clip(w: torch.Tensor, gram: torch.Tensor, scheme: Scheme, grid: int = 20, max_shrink: float = 0.5,
-                scale_dtype=torch.float16) -> torch.Tensor:
-    """The ratio [out, groups] of each group's range (1 = unclipped) with the least output error."""
+                scale_dtype=torch.float16, damp: float = CLIP_DAMP) -> torch.Tensor:
+    """The ratio [out, groups] of each group's range (1 = unclipped) with the least output error under the
+    damped Gram."""
+    gram = damped(gram, damp)
     best_err, best = None, None
     for i in range(grid):
         ratio = 1.0 - max_shrink * i / grid

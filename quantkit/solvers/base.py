@@ -7,6 +7,13 @@ from ..qweight import QWeight
 from ..schemes import Scheme
 
 
+def unit_rms(x: torch.Tensor) -> torch.Tensor:
+    """x [tokens, features] with every token scaled to RMS 1, so that each weighs the same in a Gram matrix or
+    Hessian: a few tokens with outsized activations (attention sinks, chat markers) otherwise dominate it and
+    the solve fits them rather than the text (docs/benchmarks.md, "Every token counts the same")."""
+    return x / x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12)
+
+
 class LinearSolver:
     """Feed it the Linear's inputs with add_batch (if needs_data), then call solve once.
 

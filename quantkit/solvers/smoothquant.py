@@ -69,7 +69,8 @@ class SmoothQuantTransform(AWQTransform):
 
     @torch.no_grad()
     def _search(self, block, group: ScaleGroup, linears: dict, quantised: dict, data):
-        work, copies, originals, refs, power = measured_copy(block, group, linears, data)
+        # weighted by output power, as measured for W8A8 (docs/benchmarks.md); AWQ weighs tokens equally
+        work, copies, originals, refs, weights = measured_copy(block, group, linears, data, per_token=False)
         scale_dtype = self._scale_dtype(next(iter(linears.values())).weight.dtype)
         w_max = torch.cat([originals[n] for n in quantised]).abs().amax(0)
         current = {}
@@ -87,7 +88,7 @@ class SmoothQuantTransform(AWQTransform):
             current["s"] = s
             for n, sch in quantised.items():
                 copies[n].weight.data = fake_quantize(originals[n] * s, sch, scale_dtype)
-            return block_error(work, data, refs, power)
+            return block_error(work, data, refs, weights)
 
         alphas = [self.alpha] if self.alpha is not None else torch.linspace(0, 1, self.grid).tolist()
         try:
