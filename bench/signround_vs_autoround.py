@@ -136,7 +136,8 @@ def main(argv=None) -> None:
         store.write_text(json.dumps(rows, indent=1))
         print(f"{name + a.tag}: {row}", file=sys.stderr, flush=True)
     print(table(rows))
-    print(f"\ncalibration {len(ids)} x {ids.shape[1]} self-generated tokens; eval {Path(a.eval).name}, "
+    # the stored file may hold any text (self-generated when this script wrote it; docs say what was used)
+    print(f"\ncalibration {len(ids)} x {ids.shape[1]} tokens from {tokens}; eval {Path(a.eval).name}, "
           f"{len(windows)} x 512 tokens; torch threads {a.threads}")
 
 
