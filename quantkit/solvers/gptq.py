@@ -6,14 +6,13 @@ column j with error e = (w_j - q_j) / U[j, j] is compensated by w_k -= e · U[j,
 update with the inverse Hessian downdated after each column, without ever downdating it. Updates are applied
 lazily per block of columns (one matmul per block for the columns after it), which is what makes it fast.
 
-Grid and rounding come from rtn.py, so GPTQ and RTN quantise onto the same grid and the RTN fallback is the
-same code; FP8 schemes round onto the E4M3 grid with the absmax scale of solvers/fp8.py, fixed before the
-first column (solvers/fp8_gptq.py; FP4 onto E2M1 with searched group scales, solvers/fp4_grid.py; the grids are
-in gptq_grid.py, the Hessian's factor and its damping
-fallback in gptq_factor.py). Group scales are fixed when the group's first column comes up, from the
-group's weights as they are at that moment (already updated by earlier columns), except for act-order "weight"
-with static groups, whose scales come from the original weights so that column i keeps group i // group_size
-and no g_idx is needed.
+Grid and rounding come from rtn.py, so GPTQ and RTN quantise onto the same grid and the RTN fallback is the same
+code; FP8 schemes round onto the E4M3 grid with the absmax scale of solvers/fp8.py, fixed before the first column
+(solvers/fp8_gptq.py; FP4 onto E2M1 with searched group scales, solvers/fp4_grid.py; the grids are in gptq_grid.py,
+the Hessian's factor and its damping fallback in gptq_factor.py). Group scales are fixed when the group's first
+column comes up, from the group's weights as they are at that moment (already updated by earlier columns), except
+for act-order "weight" with static groups, whose scales come from the original weights so that column i keeps group
+i // group_size and no g_idx is needed.
 """
 from __future__ import annotations
 
@@ -219,13 +218,8 @@ class GPTQSolver(LinearSolver):
 
     options: damp, block_size, actorder (None/"off" | "weight" | "group"; falls back to scheme.actorder),
     static_groups, scale_dtype, clip_search, holdout (share of samples the pipeline sends to add_holdout
-    instead: they judge the solve, gptq_guard.py).
-
-    Integer GPTQ scales every token's input to unit RMS before it enters H, so each token weighs the same in the
-    output error it minimises: a few tokens with outsized activations (attention sinks, chat markers) otherwise
-    dominate H and the solve fits them; with self-generated calibration this took GPTQ from 33/11/35% of the
-    RTN gap on three held-out texts to 70/50/57% (docs/benchmarks.md, "Every token counts the same"). The FP8,
-    FP4 and W8A8 subclasses keep H as measured for them (unbalanced).
+    instead: they judge the solve, gptq_guard.py). balance_tokens: every token enters H at unit RMS (base.py:
+    unit_rms); on SmolLM2 it took GPTQ from 33/11/35% of the RTN gap on three held-out texts to 70/50/57%.
     """
 
     needs_data = True
@@ -247,8 +241,7 @@ class GPTQSolver(LinearSolver):
         if x.shape[0] == 0:
             return seen
         _check_finite(x, "inputs", self.name)
-        if self.balance_tokens:
-            x = unit_rms(x)
+        x = unit_rms(x) if self.balance_tokens else x
         total = seen + x.shape[0]
         # running mean keeps H's magnitude independent of how many tokens were seen (no float32 overflow)
         H.mul_(seen / total)
