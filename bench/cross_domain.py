@@ -41,12 +41,6 @@ def eval_texts(out_dir: Path) -> dict[str, Path]:
             "code": code}
 
 
-def _set(pairs: list[str]) -> dict:
-    import yaml
-
-    return {k: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in pairs)}
-
-
 def table(sink: Path) -> str:
     """The markdown table of every row in SINK: perplexity and (share of the RTN-to-float gap closed) per text;
     the latest row wins for a repeated (tag, method, source, eval)."""
@@ -121,6 +115,7 @@ def main(argv=None) -> None:
     from quantkit.pipeline import quantize_model
     from quantkit.plan import build_plan
     from quantkit.recipe import Recipe, apply_overrides
+    from quantkit.cli.recipe_cmd import parse_set
 
     out_dir = HERE / "out"
     out_dir.mkdir(exist_ok=True)
@@ -151,7 +146,7 @@ def main(argv=None) -> None:
             calibs[source] = _calibration(source, a.samples, a.seq_len, tok, base, out_dir)
         calib = calibs.get(source)
         model = copy.deepcopy(base)
-        recipe = apply_overrides(Recipe(), {**W4G64, "quant.method": method, **_set(a.set)})
+        recipe = apply_overrides(Recipe(), {**W4G64, "quant.method": method, **parse_set(a.set)})
         t = time.perf_counter()
         res = quantize_model(model, build_plan(model, recipe), calib)
         guards = sum(1 for s in res.stats.values() if s.get("awq_guard"))

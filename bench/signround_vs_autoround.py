@@ -106,9 +106,9 @@ def main(argv=None) -> None:
     ap.add_argument("--tag", default="", help="suffix of the stored row names, to keep variants apart")
     a = ap.parse_args(argv)
     import torch
-    import yaml
     from transformers import AutoTokenizer
 
+    from quantkit.cli.recipe_cmd import parse_set
     from quantkit.data import load_eval_windows
     from quantkit.models.embedded import embedded_model_dir
 
@@ -127,7 +127,7 @@ def main(argv=None) -> None:
             info["note"] = f"auto-round, {a.autoround_iters} iters, batch {a.autoround_batch}, {info['format']} export"
         else:
             extra = {"quant.signround.iters": a.iters} if name == "signround" and a.iters else {}
-            extra.update({k: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in a.set)})
+            extra.update(parse_set(a.set))
             model, info = quantkit_row(name, base, ids, extra)
             info["note"] = f"quantkit; {info.pop('fallback_linears')} Linears fell back" if name == "signround" else "quantkit"
         row = {"ppl": perplexity(model, list(windows)), **info}
