@@ -109,14 +109,14 @@ def measured_copy(block, group: ScaleGroup, linears: dict, data: _GroupData, per
     originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
     refs = [_first(work(*a, **kw)) for a, kw in data.calls]
     powers = [r.double().pow(2).sum(-1, keepdim=True) for r in refs]
+    total = float(sum(p.sum() for p in powers))
     if per_token:
         tokens = sum(p.numel() for p in powers) or 1
         # a token whose output is (near) zero would otherwise weigh without bound
-        floor = max(float(sum(p.sum() for p in powers)) / tokens, 1e-30) * 1e-6
+        floor = max(total / tokens, 1e-30) * 1e-6
         weights = [1.0 / (p.clamp_min(floor) * tokens) for p in powers]
     else:
-        total = float(sum(p.sum() for p in powers)) or 1.0
-        weights = [1.0 / total] * len(refs)
+        weights = [1.0 / (total or 1.0)] * len(refs)
     return work, copies, originals, refs, weights
 
 
