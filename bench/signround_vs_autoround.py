@@ -5,7 +5,7 @@
     python bench/signround_vs_autoround.py --only autoround --autoround-iters 40
 
 Every row uses the same calibration tokens (bench/out/signround/calib_tokens.pt, read by both libraries; the first run
-samples 32 x 256 tokens from the model itself, seed 0, unless the file is already there) and the same evaluation windows
+makes them from --calib: 32 x 256 tokens sampled from the model itself, or cut from a local text file, seed 0) and the same evaluation windows
 (bench/data/eval_prose.txt, 16 x 512 tokens) scored by quality_common.perplexity. quantkit rows are quantised
 in memory (their checkpoints compute the same logits: tests/test_signround.py); the AutoRound row runs
 bench/signround_autoround_worker.py in AutoRound's own venv (.venv-autoround: `python3 -m venv .venv-autoround
@@ -36,7 +36,9 @@ METHODS = {"rtn": {"quant.method": "rtn"},
            "signround": {"quant.method": "signround"}}
 
 
-def calib_tokens(model_path: str, samples: int, seq_len: int):
+def calib_tokens(model_path: str, spec: str, samples: int, seq_len: int):
+    """The stored calibration tokens, made on the first run from SPEC ('self': sampled from the model, else a
+    calibration spec such as a local text file), seed 0."""
     import torch
 
     path = OUT / "calib_tokens.pt"
@@ -46,8 +48,8 @@ def calib_tokens(model_path: str, samples: int, seq_len: int):
         from quantkit.data import load_calibration
 
         tok = AutoTokenizer.from_pretrained(model_path)
-        c = load_calibration(spec="self", tokenizer=tok, num_samples=samples, seq_len=seq_len, seed=0,
-                             model=load_model(model_path))
+        model = load_model(model_path) if spec == "self" else None
+        c = load_calibration(spec=spec, tokenizer=tok, num_samples=samples, seq_len=seq_len, seed=0, model=model)
         OUT.mkdir(parents=True, exist_ok=True)
         torch.save(torch.stack([s.reshape(-1) for s in c.samples]), path)
     return path, torch.load(path)
@@ -93,6 +95,7 @@ def table(rows: dict) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="float,rtn,gptq,signround,autoround")
+    ap.add_argument("--calib", default="self", help="calibration spec for a first run ('self' or a local file)")
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--iters", type=int, default=None, help="our signround iterations (default: the recipe's)")
@@ -114,7 +117,7 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(a.threads)
     path = str(embedded_model_dir())
-    tokens, ids = calib_tokens(path, a.samples, a.seq_len)
+    tokens, ids = calib_tokens(path, a.calib, a.samples, a.seq_len)
     windows = load_eval_windows(a.eval, AutoTokenizer.from_pretrained(path), seq_len=512, max_windows=a.max_windows)
     store = OUT / "rows.json"
     rows: dict = {}

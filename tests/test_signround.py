@@ -2,10 +2,12 @@
 error going down from RTN's, the held-out guard's fallback, and a checkpoint that loads as it was solved."""
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
+from torch.func import functional_call
 from helpers import make_tiny_model, tiny_model
 from test_data_support import SAMPLE, tiny_tokenizer
 
@@ -138,3 +140,67 @@ def test_cli_checkpoint_loads_and_computes_the_solved_model(tmp_path, cli):
         want, got = model(ids).logits, loaded(ids).logits
     assert ((got - want).norm() / want.norm()).item() < 1e-4  # same codes; only summation order differs
     assert ((got - float_logits).norm() / float_logits.norm()).item() > 1e-3
+
+
+def test_pipeline_hands_each_layer_the_unquantised_models_output(monkeypatch):
+    model = tiny_model("llama", layers=3)
+    samples = [torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    with torch.no_grad():  # the float model's per-layer outputs, before anything is quantised
+        want = [model(s, output_hidden_states=True).hidden_states for s in samples]
+    seen = {}
+    original = SignRoundTransform.apply
+
+    def record(self, i, layer, inputs, targets):
+        seen[i] = ([h.clone() for h in inputs.hidden], [o.clone() for o in inputs.float_out])
+        return original(self, i, layer, inputs, targets)
+
+    monkeypatch.setattr(SignRoundTransform, "apply", record)
+    recipe = Recipe.model_validate({"quant": {"method": "signround", "group_size": 32,
+                                              "signround": {"iters": 2, "float_targets": True}}})
+    quantize_model(model, build_plan(model, recipe), samples)
+    assert sorted(seen) == [0, 1, 2]
+    for i in (0, 1):  # hidden_states[i + 1] is layer i's output (the last one has the final norm applied)
+        for k in range(3):
+            assert torch.allclose(seen[i][1][k], want[k][i + 1], atol=1e-5)
+    # the quantised stream differs from the float one after the first quantised layer, so the targets are not it
+    assert torch.equal(seen[0][0][0], want[0][0])
+    assert not torch.allclose(seen[1][0][0], want[0][1], atol=1e-4)
+    # off (the default), no float stream is run
+    seen.clear()
+    monkeypatch.setattr(SignRoundTransform, "apply", lambda self, i, layer, inputs, targets:
+                        seen.setdefault(i, inputs.float_out) or {})
+    fresh = tiny_model("llama", layers=2)
+    quantize_model(fresh, build_plan(fresh, Recipe.model_validate(
+        {"quant": {"method": "signround", "group_size": 32}})), samples)
+    assert seen == {0: None, 1: None}
+
+
+def test_a_batched_step_computes_the_per_sample_loss():
+    from quantkit.solvers.signround import _Block
+
+    model = tiny_model("llama")
+    samples = [torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    layers, inputs = _layer_inputs(model, samples)
+    paths = [n for n, m in layers[0].named_modules() if isinstance(m, torch.nn.Linear)]
+    block = _Block(layers[0], inputs, paths)
+    assert block.batchable
+    scheme = get_scheme("w4a16").with_options(group_size=32, symmetric=True)
+    weights = {p + ".weight": rtn_quantize(block.work.get_submodule(p).weight, scheme).dequantize() for p in paths}
+    with torch.no_grad():
+        batched = float(block.loss([0, 2, 3], weights))
+        block.batchable = False
+        single = float(block.loss([0, 2, 3], weights))
+        # float64 reference: the quantised weights in a float64 copy, each sample's mean squared error, averaged
+        work64 = copy.deepcopy(block.work).double()
+        w64 = {k: v.double() for k, v in weights.items()}
+        ref = sum(float((functional_call(work64, w64, (inputs.hidden[i].double(),), _f64(inputs.kwargs[i]))[0]
+                         - block.refs[i].double()).pow(2).mean()) for i in (0, 2, 3)) / 3
+    assert ref > 0 and abs(batched - ref) <= 1e-4 * ref and abs(single - ref) <= 1e-4 * ref
+    # samples of different lengths are not batched
+    _, uneven = _layer_inputs(model, [samples[0], samples[1][:, :8]])
+    assert not _Block(layers[0], uneven, paths).batchable
+
+
+def _f64(kw):
+    return {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point()
+                else tuple(t.double() for t in v) if isinstance(v, tuple) else v) for k, v in kw.items()}

@@ -58,7 +58,7 @@ FLAG_FIELDS = {
     "bits": "quant.bits",
     "signround_iters": "quant.signround.iters", "signround_lr": "quant.signround.lr",
     "signround_batch": "quant.signround.batch", "signround_clip": "quant.signround.clip",
-    "signround_holdout": "quant.signround.holdout",
+    "signround_holdout": "quant.signround.holdout", "signround_float_targets": "quant.signround.float_targets",
 }
 
 
@@ -96,6 +96,7 @@ def quantize(
     signround_batch: Optional[int] = typer.Option(None, "--signround-batch", help="Learned rounding: calibration samples per step (2)."),
     signround_clip: Optional[bool] = typer.Option(None, "--signround-clip/--no-signround-clip", help="Learned rounding: also learn each group's clip factors (on)."),
     signround_holdout: Optional[float] = typer.Option(None, "--signround-holdout", help="Learned rounding: share of samples held out to check it beats RTN (0.125)."),
+    signround_float_targets: Optional[bool] = typer.Option(None, "--signround-float-targets/--no-signround-float-targets", help="Learned rounding: fit each layer to the unquantised model's output (off)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: dataset name, file, folder or 'self'."),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Calibration samples (128)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per calibration sample (512)."),

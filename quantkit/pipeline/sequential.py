@@ -129,12 +129,16 @@ def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, 
     if on_device:
         _to_device(model, layers_name, device)
     inputs = capture.first_layer_inputs(model, layers, samples, device)
+    # the unquantised model's activations, run beside the quantised ones for transforms that fit a layer to them
+    float_in = inputs.hidden if any(t.float_targets for t in transforms) else None
     for i, layer in enumerate(layers):
         where = f"{layers_name}.{i}"
         stream.load(i)
         if on_device:
             layer.to(device)
         capture.check_finite(inputs.hidden, f"the input of {where}")
+        if float_in is not None:  # before any transform or solver has touched the layer's weights
+            inputs.float_out = float_in = capture.run_layer(layer, capture.LayerInputs(float_in, inputs.kwargs))
         targets = {m: (names_of[m], plan.schemes[names_of[m]]) for m in layer.modules()
                    if names_of.get(m) in plan.schemes}
         for t in transforms:

@@ -99,6 +99,9 @@ class SignRoundOptions(_Strict):
     holdout: float = Field(0.125, ge=0, lt=1, description="Share of the calibration samples kept out of the "
                                                         "descent; a layer whose learned rounding loses to RTN "
                                                         "on them is rounded (RTN) instead.")
+    float_targets: bool = Field(False, description="Fit each layer's output to the unquantised model's (as "
+                                "AutoRound does) rather than to its float output on the quantised model's inputs; "
+                                "measured worse on SmolLM2-135M (docs/benchmarks.md).")
 
 
 class TargetOverride(_WithGroupSize):

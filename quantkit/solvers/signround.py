@@ -40,27 +40,51 @@ def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-class _Block:
-    """A float32, frozen copy of one decoder layer run with substituted weights; the float targets it must hit."""
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, (tuple, list)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
 
-    def __init__(self, layer, inputs, paths: list[str]):
+
+class _Block:
+    """A float32, frozen copy of one decoder layer run with substituted weights; the targets it must hit.
+
+    targets: the float model's output of this layer (AutoRound's choice: the learned rounding also corrects
+    what the earlier quantised layers changed in its inputs), else the layer's float output on its own inputs.
+    When every sample has the same length and the same layer arguments (positions, mask), a step's samples go
+    through the layer as one batch."""
+
+    def __init__(self, layer, inputs, paths: list[str], targets: list | None = None):
         self.work = copy.deepcopy(layer).float()
         for p in self.work.parameters():
             p.requires_grad_(False)
         self.hidden = [h.float() for h in inputs.hidden]
         self.kwargs = [_f32(kw) for kw in inputs.kwargs]
         self.paths = paths
+        self.batchable = all(h.shape == self.hidden[0].shape and h.shape[0] == 1 for h in self.hidden) and \
+            all(_same(kw, self.kwargs[0]) for kw in self.kwargs[1:])
         with torch.no_grad():
-            self.refs = [_first(self.work(h, **kw)).detach() for h, kw in zip(self.hidden, self.kwargs)]
+            refs = targets if targets is not None else [_first(self.work(h, **kw)) for h, kw in
+                                                         zip(self.hidden, self.kwargs)]
+            self.refs = [r.float().detach() for r in refs]
 
-    def loss(self, i: int, weights: dict) -> torch.Tensor:
-        out = _first(functional_call(self.work, weights, (self.hidden[i],), self.kwargs[i]))
-        return (out - self.refs[i]).pow(2).mean()
+    def loss(self, idx: list[int], weights: dict) -> torch.Tensor:
+        """Mean squared error over the samples IDX (each sample's mean, averaged)."""
+        if self.batchable:
+            h = torch.cat([self.hidden[i] for i in idx])
+            out = _first(functional_call(self.work, weights, (h,), self.kwargs[0]))
+            return (out - torch.cat([self.refs[i] for i in idx])).pow(2).mean()
+        return sum((_first(functional_call(self.work, weights, (self.hidden[i],), self.kwargs[i]))
+                    - self.refs[i]).pow(2).mean() for i in idx) / len(idx)
 
     @torch.no_grad()
     def mean_loss(self, idx: list[int], rounders: dict) -> float:
         weights = {p + ".weight": r.fake() for p, r in rounders.items()}
-        return sum(float(self.loss(i, weights)) for i in idx) / max(len(idx), 1)
+        return sum(float(self.loss([i], weights)) for i in idx) / max(len(idx), 1)
 
 
 def split_samples(n: int, holdout: float) -> tuple[list[int], list[int]]:
@@ -83,8 +107,7 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
                 order = [train[j] for j in torch.randperm(len(train), generator=gen).tolist()]
             picked.append(order.pop())
         weights = {p + ".weight": r.fake() for p, r in rounders.items()}
-        for k, i in enumerate(picked):
-            (block.loss(i, weights) / len(picked)).backward(retain_graph=k < len(picked) - 1)
+        block.loss(picked, weights).backward()
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -104,6 +127,7 @@ class SignRoundTransform(LayerTransform):
         self.batch = int(options.get("batch", 2))
         self.clip = bool(options.get("clip", True))
         self.holdout = float(options.get("holdout", 0.125))
+        self.float_targets = bool(options.get("float_targets", False))
         self.force_fallback = bool(options.get("force_fallback", False))  # tests: the guard's path
         self.scale_dtype = options.get("scale_dtype") or torch.float16
 
@@ -112,7 +136,8 @@ class SignRoundTransform(LayerTransform):
         learn = {paths[m]: (n, s) for m, (n, s) in targets.items() if learnable(s)}
         if not learn:
             return {}
-        block = _Block(layer, inputs, list(learn))
+        targets_out = inputs.float_out if self.float_targets else None
+        block = _Block(layer, inputs, list(learn), targets_out)
         rounders = {p: LearnedRounding(block.work.get_submodule(p).weight, s, self.scale_dtype, self.clip)
                     for p, (_n, s) in learn.items()}
         train, held = split_samples(len(block.hidden), self.holdout)
