@@ -51,13 +51,16 @@ def eval_texts(out_dir: Path) -> dict[str, Path]:
 
 def table(sink: Path) -> str:
     """The markdown table of every row in SINK: perplexity and (share of the RTN-to-float gap closed) per text;
-    the latest row wins for a repeated (tag, method, source, eval)."""
+    the latest row wins for a repeated (tag, method, source, eval); the gap is the first stored RTN row's."""
     rows = {}
     for line in sink.read_text().splitlines():
         r = json.loads(line)
         rows[(r["tag"], r["method"], r["source"], r["eval"])] = r
     evals = list(dict.fromkeys(k[3] for k in rows))
-    ref = {(m, e): r["ppl"] for (t, m, src, e), r in rows.items() if m in ("float", "rtn")}
+    ref: dict = {}  # the first float and RTN rows stored: the gap is plain RTN's, whatever later rows change
+    for (t, m, src, e), r in rows.items():
+        if m in ("float", "rtn"):
+            ref.setdefault((m, e), r["ppl"])
     out = ["| tag | method | calibration | " + " | ".join(evals) + " | quantise s |",
            "|---|---|---|" + "---:|" * (len(evals) + 1)]
     for key in dict.fromkeys(k[:3] for k in rows):

@@ -122,8 +122,11 @@ def _scheme(recipe: Recipe, name: str, group_size, symmetric) -> Scheme:
     g = recipe.quant.gptq
     gptq = recipe.quant.method in ("gptq", "awq+gptq")
     actorder = g.actorder if gptq and g.actorder != "off" else None
+    # 2-4 bit weight-only grids only: 8-bit weight-only has no vLLM CPU kernel to check signed scales against,
+    # and gains 1/128 of a step; W8A8's INT8 x INT8 kernels take the weight scale as given by their own rule
+    full = recipe.quant.full_range and symmetric and base.num_bits <= 4 and base.activations is None
     return base.with_options(group_size=group_size if group_size is not None else base.group_size,
-                             symmetric=symmetric, actorder=actorder)
+                             symmetric=symmetric, actorder=actorder, full_range=full)
 
 
 def _check_fits(name: str, mod: nn.Linear, scheme: Scheme) -> None:

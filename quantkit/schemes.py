@@ -19,6 +19,10 @@ class Scheme:
     # activations: None (weight-only), "dynamic" (per token at run time) or "static" (calibrated per tensor)
     activations: str | None = None
     weight_strategy_override: str | None = None  # "tensor" for fp8 static, "tensor_group" for nvfp4
+    # symmetric integer weights: each group's largest-magnitude weight lands on qmin (-8 at 4 bits), so the
+    # step is absmax / 8, not absmax / 7, and the scale's sign says which side that weight was on. The checkpoint
+    # format is unchanged (codes times scale); only the chosen scale differs (solvers/rtn.py: qparams).
+    full_range: bool = False
 
     @property
     def is_fp8(self) -> bool:

@@ -96,6 +96,10 @@ def test_loads_through_transformers_and_compressed_tensors(tmp_path, cli, asym):
     # packed ones it reads, so asymmetric checkpoints are loaded with its dequantize=True path, which applies
     # compressed-tensors' own decompress (packed zero points along dim 0, as we write them).
     kw = {"quantization_config": CompressedTensorsConfig(dequantize=True)} if asym else {}
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        scales = [f.get_tensor(k) for k in f.keys() if k.endswith("weight_scale")]
+    # symmetric 4-bit: full-range scales, signed; both loaders must multiply codes by them as stored
+    assert any((s < 0).any() for s in scales) != asym
     ext = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, **kw)
     ours = quantkit.load(out, dtype=torch.float32)
     with torch.no_grad():

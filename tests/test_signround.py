@@ -27,9 +27,9 @@ def _w(out=8, n_in=64, seed=0):
     return torch.randn(out, n_in, generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("sym", [True, False])
-def test_untrained_rounding_is_rtn_and_codes_stay_on_the_grid(sym):
-    scheme = get_scheme("w4a16").with_options(group_size=32, symmetric=sym)
+@pytest.mark.parametrize("sym,full", [(True, False), (False, False), (True, True)])
+def test_untrained_rounding_is_rtn_and_codes_stay_on_the_grid(sym, full):
+    scheme = get_scheme("w4a16").with_options(group_size=32, symmetric=sym, full_range=full)
     w = _w()
     r = LearnedRounding(w, scheme, torch.float16)
     assert torch.equal(r.fake().detach(), rtn_quantize(w, scheme, scale_dtype=torch.float16).dequantize())

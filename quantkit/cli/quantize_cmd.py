@@ -55,10 +55,11 @@ FLAG_FIELDS = {
     "seed": "calibration.seed", "calib_cut": "calibration.cut", "text_field": "calibration.text_field",
     "min_tokens": "calibration.min_tokens", "smooth": "quant.smooth", "smooth_alpha": "quant.smooth_alpha",
     "moe_calibrate_all": "quant.moe.calibrate_all_experts", "moe_min_tokens": "quant.moe.min_tokens",
-    "bits": "quant.bits",
+    "bits": "quant.bits", "full_range": "quant.full_range",
     "signround_iters": "quant.signround.iters", "signround_lr": "quant.signround.lr",
     "signround_batch": "quant.signround.batch", "signround_clip": "quant.signround.clip",
     "signround_holdout": "quant.signround.holdout", "signround_float_targets": "quant.signround.float_targets",
+    "signround_keep_best": "quant.signround.keep_best",
 }
 
 
@@ -72,6 +73,7 @@ def quantize(
     group_size: Optional[int] = typer.Option(None, "--group-size", help="32, 64, 128 or -1 (per channel)."),
     bits: Optional[float] = typer.Option(None, "--bits", help="Average bits per weight, scales included (e.g. 4.5): each Linear gets 3, 4 or 8 bits by its measured rounding sensitivity."),
     sym: Optional[bool] = typer.Option(None, "--sym/--asym", help="Symmetric grid (default) or with zero points."),
+    full_range: Optional[bool] = typer.Option(None, "--full-range/--no-full-range", help="Symmetric 2-4 bit weights: the group's largest weight on the grid's negative end, steps of absmax/8 (on)."),
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Module name glob or re:regex kept in float (repeatable; lm_head always by default)."),
     clip_search: Optional[bool] = typer.Option(None, "--clip-search/--no-clip-search", help="MSE search of each group's clipping range."),
     damp: Optional[float] = typer.Option(None, help="GPTQ dampening, fraction of mean Hessian diagonal (0.01)."),
@@ -97,6 +99,7 @@ def quantize(
     signround_clip: Optional[bool] = typer.Option(None, "--signround-clip/--no-signround-clip", help="Learned rounding: also learn each group's clip factors (on)."),
     signround_holdout: Optional[float] = typer.Option(None, "--signround-holdout", help="Learned rounding: share of samples held out to check it beats RTN (0.125)."),
     signround_float_targets: Optional[bool] = typer.Option(None, "--signround-float-targets/--no-signround-float-targets", help="Learned rounding: fit each layer to the unquantised model's output (off)."),
+    signround_keep_best: Optional[bool] = typer.Option(None, "--signround-keep-best/--no-signround-keep-best", help="Learned rounding: end on the step with the lowest batch loss (off)."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: dataset name, file, folder or 'self'."),
     num_samples: Optional[int] = typer.Option(None, "--num-samples", help="Calibration samples (128)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Tokens per calibration sample (512)."),

@@ -102,6 +102,8 @@ class SignRoundOptions(_Strict):
     float_targets: bool = Field(False, description="Fit each layer's output to the unquantised model's (as "
                                 "AutoRound does) rather than to its float output on the quantised model's inputs; "
                                 "measured worse on SmolLM2-135M (docs/benchmarks.md).")
+    keep_best: bool = Field(False, description="End on the step whose batch loss was lowest (AutoRound's rule) "
+                            "instead of the last step.")
 
 
 class TargetOverride(_WithGroupSize):
@@ -136,6 +138,9 @@ class QuantOptions(_WithGroupSize):
         None, description="32, 64, 128 or -1 (per channel); empty = the scheme's (128 for w4a16), or the "
                           "largest of 64, 32 dividing every targeted layer's width.")
     symmetric: bool = Field(True, description="Symmetric (no zero point) or asymmetric grid.")
+    full_range: bool = Field(True, description="Symmetric 2-4 bit weights: each group's largest weight lands on "
+                             "the grid's negative end (-8 at 4 bits; the scale carries its sign), steps of "
+                             "absmax/8 instead of absmax/7. Same checkpoint format.")
     bits: float | None = Field(None, gt=2, le=8, description="Average bits per weight (scales included) to spend: "
                                "each Linear gets 3, 4 or 8 bits by its measured rounding sensitivity.")
     ignore: list[str] = Field(default_factory=lambda: ["lm_head"],

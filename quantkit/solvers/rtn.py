@@ -1,6 +1,10 @@
 """Round-to-nearest per group: the baseline every other solver must beat.
 
-Symmetric: scale = absmax / qmax, zero = 0. Asymmetric: the range [min, max] (always containing 0, so 0 is
+Symmetric: scale = absmax / qmax, zero = 0; or, full range (Scheme.full_range, the default for 2-4 bit
+weight-only schemes), scale = e / qmin with e the group's largest-magnitude weight, signed: e lands exactly
+on qmin (-8 at 4 bits) and every step is absmax / 8 rather than absmax / 7, using the code qmin that the plain
+symmetric grid never reaches (llama.cpp's Q4_0 and AutoRound choose their scales this way). Asymmetric: the
+range [min, max] (always containing 0, so 0 is
 exact) is mapped onto [qmin, qmax] with an integer zero point. With clip search the range is shrunk by up to
 `clip_max_shrink` in `clip_grid` steps and, per group, the shrink with the smallest squared error (weighted
 by input-channel importance when given) is kept. Scales are rounded to the storage dtype *before* the codes
@@ -26,7 +30,10 @@ def _groups(w: torch.Tensor, group_size: int) -> torch.Tensor:
 def qparams(wmin: torch.Tensor, wmax: torch.Tensor, scheme: Scheme, scale_dtype=torch.float16):
     """Scale and zero (int) for groups with the given range; both shaped like wmin."""
     qmin, qmax = scheme.qmin, scheme.qmax
-    if scheme.symmetric:
+    if scheme.symmetric and scheme.full_range:
+        scale = signed_extreme(wmin, wmax) / qmin
+        zero = None
+    elif scheme.symmetric:
         absmax = torch.maximum(wmin.abs(), wmax.abs())
         scale = absmax / qmax
         zero = None
@@ -35,11 +42,18 @@ def qparams(wmin: torch.Tensor, wmax: torch.Tensor, scheme: Scheme, scale_dtype=
         wmax = torch.clamp(wmax, min=0)
         scale = (wmax - wmin) / (qmax - qmin)
     tiny = torch.finfo(scale_dtype).tiny if scale_dtype.is_floating_point else 1e-12
-    scale = torch.clamp(scale, min=max(tiny, 1e-10)).to(scale_dtype).float()
+    sign = torch.where(scale < 0, -1.0, 1.0)  # a full-range scale keeps its sign; its size is floored
+    scale = (sign * scale.abs().clamp(min=max(tiny, 1e-10))).to(scale_dtype).float()
     scale = torch.where(scale == 0, torch.full_like(scale, 1e-7), scale)
     if not scheme.symmetric:
         zero = torch.clamp(torch.round(qmin - wmin / scale), qmin, qmax)
     return scale, zero
+
+
+def signed_extreme(wmin: torch.Tensor, wmax: torch.Tensor) -> torch.Tensor:
+    """Per group, whichever of min and max is larger in magnitude, with its sign (the negative one on a tie,
+    since -2^(b-1) is the grid's only end that a weight of that size can land on exactly)."""
+    return torch.where(wmax.abs() > wmin.abs(), wmax, wmin)
 
 
 def quantize_groups(wg: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor | None, scheme: Scheme) -> torch.Tensor:

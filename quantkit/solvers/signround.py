@@ -94,11 +94,15 @@ def split_samples(n: int, holdout: float) -> tuple[list[int], list[int]]:
 
 
 def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr: float, batch: int,
-                 seed: int = 0) -> None:
-    """iters signed-gradient steps on the rounders' parameters, batch training samples per step."""
+                 seed: int = 0, keep_best: bool = False) -> None:
+    """iters signed-gradient steps on the rounders' parameters, batch training samples per step.
+
+    keep_best: end on the parameters whose step batch had the lowest loss (AutoRound's rule) rather than the
+    last ones."""
     params = [p for r in rounders.values() for p in r.params()]
     gen = torch.Generator().manual_seed(seed)
     order: list[int] = []
+    best = (float("inf"), None)
     for t in range(iters):
         step = lr * (1 - t / iters)
         picked = []
@@ -107,7 +111,10 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
                 order = [train[j] for j in torch.randperm(len(train), generator=gen).tolist()]
             picked.append(order.pop())
         weights = {p + ".weight": r.fake() for p, r in rounders.items()}
-        block.loss(picked, weights).backward()
+        loss = block.loss(picked, weights)
+        if keep_best and float(loss) < best[0]:
+            best = (float(loss), [p.detach().clone() for p in params])
+        loss.backward()
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -115,6 +122,10 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
                     p.grad = None
         for r in rounders.values():
             r.clamp_()
+    if best[1] is not None:
+        with torch.no_grad():
+            for p, kept in zip(params, best[1]):
+                p.copy_(kept)
 
 
 class SignRoundTransform(LayerTransform):
@@ -128,6 +139,7 @@ class SignRoundTransform(LayerTransform):
         self.clip = bool(options.get("clip", True))
         self.holdout = float(options.get("holdout", 0.125))
         self.float_targets = bool(options.get("float_targets", False))
+        self.keep_best = bool(options.get("keep_best", False))
         self.force_fallback = bool(options.get("force_fallback", False))  # tests: the guard's path
         self.scale_dtype = options.get("scale_dtype") or torch.float16
 
@@ -143,7 +155,8 @@ class SignRoundTransform(LayerTransform):
         train, held = split_samples(len(block.hidden), self.holdout)
         judge = held or train  # one sample: nothing to hold out, the guard can only check the fit itself
         initial, rtn_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
-        sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index)
+        sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index,
+                     keep_best=self.keep_best)
         final, learned_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
         keep = learned_held <= rtn_held and not self.force_fallback
         common = {"signround_iters": self.iters, "signround_initial_loss": initial, "signround_final_loss": final,
