@@ -30,7 +30,9 @@ def make_packed(n: int, k: int, bits: int, group_size: int, symmetric: bool, g_i
     """g_idx: None, "actorder" (a permutation: every group has group_size columns) or "ragged" (random groups)."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=gen)
-    qw = rtn_quantize(w, Scheme("t", bits, "int", symmetric, group_size), scale_dtype=scale_dtype)
+    # symmetric 2-4 bit: the full-range grid checkpoints carry by default, so kernels meet negative scales
+    scheme = Scheme("t", bits, "int", symmetric, group_size, full_range=symmetric and bits <= 4)
+    qw = rtn_quantize(w, scheme, scale_dtype=scale_dtype)
     scale = qw.scale.to(scale_dtype)
     groups = scale.shape[1]
     gi = None
