@@ -204,3 +204,30 @@ def test_a_batched_step_computes_the_per_sample_loss():
 def _f64(kw):
     return {k: (v.double() if isinstance(v, torch.Tensor) and v.is_floating_point()
                 else tuple(t.double() for t in v) if isinstance(v, tuple) else v) for k, v in kw.items()}
+
+
+def test_keep_best_ends_on_the_lowest_loss_step():
+    from quantkit.solvers.signround import _Block, sign_descent
+
+    model = tiny_model("llama")
+    samples = [torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    layers, inputs = _layer_inputs(model, samples)
+    scheme = get_scheme("w4a16").with_options(group_size=32, full_range=True)
+    paths = [n for n, m in layers[0].named_modules() if isinstance(m, torch.nn.Linear)]
+    block = _Block(layers[0], inputs, paths)
+    seen = []
+    loss = block.loss
+
+    def logged(idx, weights):
+        out = loss(idx, weights)
+        seen.append(float(out))
+        return out
+
+    block.loss = logged
+    rounders = {p: LearnedRounding(block.work.get_submodule(p).weight, scheme) for p in paths}
+    # every step on all four samples, with a step size large enough that the loss does not fall monotonically
+    sign_descent(block, rounders, [0, 1, 2, 3], iters=12, lr=0.4, batch=4, keep_best=True)
+    with torch.no_grad():
+        final = float(loss([0, 1, 2, 3], {p + ".weight": r.fake() for p, r in rounders.items()}))
+    assert min(seen) < seen[-1]  # the last step was not the best, so keeping the best is observable
+    assert abs(final - min(seen)) <= 1e-6 * min(seen)
