@@ -9,10 +9,10 @@ steps (the AutoRound paper's recipe: v in [-0.5, 0.5], clip factors in [0.5, 1],
 or the layer falls back to RTN (recorded in quantkit.json). The accepted codes go to the pipeline as
 already-solved QWeights, so the writer packs exactly what was learned.
 
-Cost: 3 x iters x batch sample-passes through one layer (forward and backward) plus two forward passes over the
-calibration samples for the reported losses. The defaults (iters 40, batch 2) are a fifth of the paper's steps
-at a quarter of its batch, chosen for CPU time; on SmolLM2 they took 3.7x GPTQ's time (docs/benchmarks.md,
-"Learned rounding").
+Cost: iters x batch sample-passes through one layer, forward and backward (a step's samples run as one batch
+when they share their length), plus forward passes over the calibration samples for the reported losses. The
+defaults (iters 40, batch 2) are a fifth of the paper's steps at a quarter of its batch, chosen for CPU time;
+on SmolLM2-135M they took 1.7x GPTQ's CPU time (docs/benchmarks.md, "Learned rounding").
 """
 from __future__ import annotations
 
