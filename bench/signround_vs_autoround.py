@@ -93,9 +93,11 @@ def table(rows: dict) -> str:
 
 
 def main(argv=None) -> None:
+    global OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="float,rtn,gptq,signround,autoround")
     ap.add_argument("--calib", default="self", help="calibration spec for a first run ('self' or a local file)")
+    ap.add_argument("--out", default=str(OUT), help="folder of the stored tokens, rows and AutoRound checkpoints")
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--iters", type=int, default=None, help="our signround iterations (default: the recipe's)")
@@ -108,6 +110,7 @@ def main(argv=None) -> None:
     ap.add_argument("--set", action="append", default=[], help="recipe override FIELD=VALUE for quantkit rows")
     ap.add_argument("--tag", default="", help="suffix of the stored row names, to keep variants apart")
     a = ap.parse_args(argv)
+    OUT = Path(a.out)  # one folder per calibration set: its rows are only comparable with each other
     import torch
     from transformers import AutoTokenizer
 
