@@ -158,7 +158,10 @@ def test_gptq_on_a_head_outside_the_decoder_layers_rounds_on_the_schemes_grid(sc
         with pytest.raises(UserError, match="lm_head"):
             quantize_model(model, build_plan(model, recipe), _samples())
         return
-    qw = quantize_model(model, build_plan(model, recipe), _samples()).qweights["lm_head"]
+    plan = build_plan(model, recipe)
+    qw = quantize_model(model, plan, _samples()).qweights["lm_head"]
+    # the head's own grid: the plan's scheme for it (a full-range 4-bit grid by default)
+    assert plan.schemes["lm_head"].full_range == (scheme == "w4a16")
     want = fp8_quantize(head, get_scheme(scheme)) if scheme == "fp8-dynamic" else \
-        rtn_quantize(head, get_scheme(scheme).with_options(group_size=32))
+        rtn_quantize(head, get_scheme(scheme).with_options(group_size=32, full_range=True))
     assert torch.equal(qw.q.float(), want.q.float()) and torch.equal(qw.scale, want.scale)

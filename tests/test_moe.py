@@ -131,7 +131,7 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
     from quantkit.plan import build_plan
     from quantkit.recipe import Recipe
 
-    calib = ["--method", "gptq", "--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32", "--moe-min-tokens", "0"]
+    calib = ["--method", "gptq", "--calib", SAMPLE, "--num-samples", "8", "--seq-len", "32", "--moe-min-tokens", "0"]
     src, out = _quantize(cli, tmp_path, "qwen3_moe", *calib)
     code, stdout, err = cli("quantize", src, "-o", tmp_path / "again", "--group-size", "32", *calib, "--json")
     assert code == 0, err
@@ -139,7 +139,7 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
     assert summary["experts"] == 16 and summary["rtn_fallback"] == 0 and summary["fewest_routed_tokens"] >= 0
     meta = json.loads((out / "quantkit.json").read_text())
     routed = meta["moe"]["routed_tokens"]["model.layers.0.mlp.experts"]
-    assert sum(routed) == 4 * 32 * 2  # every token goes to top-2 experts
+    assert sum(routed) == 8 * 32 * 2  # every token goes to top-2 experts
     layers = meta["layers"]
     for e, n in enumerate(routed):
         s = layers[f"model.layers.0.mlp.experts.{e}.gate_proj"]
@@ -147,7 +147,7 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
     # the same job in memory: the checkpoint's codes are exactly the solver's
     recipe = Recipe.model_validate({"model": str(src), "quant": {"method": "gptq", "group_size": 32,
                                                                  "moe": {"min_tokens": 0}},
-                                    "calibration": {"spec": str(SAMPLE), "num_samples": 4, "seq_len": 32}})
+                                    "calibration": {"spec": str(SAMPLE), "num_samples": 8, "seq_len": 32}})
     model = tiny_moe("qwen3_moe")
     unfuse_experts(model)
     c = recipe.calibration
