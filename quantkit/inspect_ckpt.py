@@ -111,7 +111,9 @@ def _layer_row(prefix: str, heads: dict, lm: dict, default_bits: int, one_group:
         "bits_per_weight": round(8 * nbytes / (out_f * in_f), 3),
         "weight_rel_error": lm.get("weight_rel_error"),
         "output_rel_error": lm.get("output_rel_error"),
-        "solver": {k: lm[k] for k in SOLVER_KEYS if k in lm},
+        # the grid's rule is the scheme's (full range: signed scales, -2^(b-1) used), recorded beside the solver's
+        "solver": {**({"grid": "full range"} if sch.get("full_range") else {}),
+                   **{k: lm[k] for k in SOLVER_KEYS if k in lm}},
         "nbytes": nbytes,
     }
 

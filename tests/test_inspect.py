@@ -51,7 +51,13 @@ def test_inspect_shows_what_each_method_did(tmp_path, cli, monkeypatch):
     assert any(s.get("awq_alpha") is not None for s in awq.values())
     assert all(r["solver"]["signround_iters"] == 2 for r in rows["signround"])
     assert solver_summary(rows["signround"][0]["solver"]).startswith("signround 2 steps")
+    assert all(r["solver"]["grid"] == "full range" for m in runs for r in rows[m])  # the default 4-bit grid
     assert "awq a=" in " ".join(solver_summary(s) for s in awq.values())
     monkeypatch.setenv("COLUMNS", "200")  # a wide terminal: the summaries print whole
     code, out, _ = cli("inspect", tmp_path / "gptq")
     assert code == 0 and "solver" in out and ("gptq act-order" in out or "guard chose" in out)
+    assert "full-range grid on" in out
+    # the plain grid leaves no such mark
+    assert cli("quantize", src, "-o", tmp_path / "plain", "--method", "rtn", "--no-full-range", "-q")[0] == 0
+    plain = json.loads(cli("inspect", tmp_path / "plain", "--json")[1])["layers"]
+    assert all("grid" not in r["solver"] for r in plain)

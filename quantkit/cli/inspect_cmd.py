@@ -43,6 +43,10 @@ def inspect(
               f"{info['float_share']:.1%} of the parameters in float")
     if info["method_reason"]:
         out.print(f"method {info['method_reason']}")
+    full = sum(1 for r in info["layers"] if r["solver"].get("grid") == "full range")
+    if full:  # one line, not a column: it is the grid's rule, the same for every layer the scheme covers
+        out.print(f"full-range grid on {full} of {len(info['layers'])} layers: each group's largest weight on "
+                  "code -2^(b-1), signed scales")
     if info["bit_budget"]:
         b = info["bit_budget"]
         out.print(f"--bits {b['target']}: {info['average_bits_per_weight']:.3f} bits per quantised weight "
