@@ -263,7 +263,7 @@ def test_guards_and_awq_tolerance_default_to_the_measured_settings():
     from helpers import tiny_model
 
     q = Recipe().quant
-    assert (q.awq.tolerance, q.awq.holdout, q.gptq.holdout) == (0.05, 0.2, 0.1)
+    assert (q.awq.tolerance, q.awq.holdout, q.gptq.holdout) == (0.1, 0.2, 0.1)
     r = apply_overrides(Recipe(), {"quant.method": "awq+gptq", "quant.gptq.holdout": 0, "quant.awq.tolerance": 0})
     plan = build_plan(tiny_model("llama"), r)
     assert plan.awq["tolerance"] == 0 and solver_options(r, plan.storage_dtype)["holdout"] == 0

@@ -86,7 +86,7 @@ def quantize(
     awq_search_tokens: Optional[int] = typer.Option(None, "--awq-search-tokens", help="Calibration tokens AWQ's alpha search runs per layer (2048)."),
     awq_fallback: Optional[str] = typer.Option(None, "--awq-fallback", help="error or rtn, for unmapped architectures."),
     gptq_holdout: Optional[float] = typer.Option(None, "--gptq-holdout", help="Share of calibration samples GPTQ keeps out of its Hessian to check act-order and GPTQ itself against plain RTN (0.1; 0 = off)."),
-    awq_tolerance: Optional[float] = typer.Option(None, "--awq-tolerance", help="AWQ keeps the mildest alpha within this share of the best block error (0.05; 0 = the best)."),
+    awq_tolerance: Optional[float] = typer.Option(None, "--awq-tolerance", help="AWQ keeps the mildest alpha within this share of the best block error (0.1; 0 = the best)."),
     awq_holdout: Optional[float] = typer.Option(None, "--awq-holdout", help="Share of calibration samples AWQ keeps out of its search to check its scales and clips against plain RTN (0.2; 0 = off)."),
     kv_cache: Optional[str] = typer.Option(None, "--kv-cache", help="fp8: calibrate an FP8 KV cache."),
     smooth: Optional[bool] = typer.Option(None, "--smooth/--no-smooth", help="SmoothQuant before a w8a8 scheme (needs --calib)."),
