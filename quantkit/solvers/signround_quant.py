@@ -12,7 +12,7 @@ import torch
 
 from ..qweight import QWeight
 from ..schemes import Scheme
-from .rtn import signed_extreme
+from .rtn import signed_extreme, signed_floor
 
 CLIP_LOW = 0.5  # the smallest clip factor: a group's range is never shrunk below half
 
@@ -55,8 +55,7 @@ class LearnedRounding:
         floor = max(torch.finfo(self.scale_dtype).tiny, 1e-10) if self.scale_dtype.is_floating_point else 1e-10
         if s.symmetric and s.full_range:  # rtn.qparams' rule, differentiable in the clip factors
             e = signed_extreme(self.wmin * self.lo, self.wmax * self.hi) / s.qmin
-            sign = torch.where(e < 0, -1.0, 1.0)
-            return _as_dtype_ste(sign * e.abs().clamp_min(floor), self.scale_dtype), None
+            return _as_dtype_ste(signed_floor(e, floor), self.scale_dtype), None
         if s.symmetric:
             absmax = torch.maximum((self.wmin * self.lo).abs(), (self.wmax * self.hi).abs())
             scale = _as_dtype_ste((absmax / s.qmax).clamp_min(floor), self.scale_dtype)
