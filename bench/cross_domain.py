@@ -5,9 +5,10 @@
 
 Embedded SmolLM2-135M, W4 g64 symmetric. Calibration sources: text the model samples itself ('self'),
 calibration/texts/prose_calib.txt, calibration/texts/code_calib.txt; the same budget for each (10 x 256
-tokens: the local files hold ~3k tokens); and 'stdlib', more Python (STDLIB_CALIB) for larger code budgets. Evaluation texts, disjoint from every source: bench/data/eval_prose.txt,
-calibration/texts/prose_eval.txt, and Python source from the interpreter's own standard library (modules the
-code calibration file does not quote), 8 windows x 256 tokens each. For each (method, source, eval text):
+tokens: the local files hold ~3k tokens); and 'stdlib', more Python (STDLIB_CALIB) for larger code budgets.
+Evaluation texts, disjoint from every source: bench/data/eval_prose.txt, calibration/texts/prose_eval.txt,
+and Python source from the interpreter's own standard library (modules neither code source quotes), 8 windows
+x 256 tokens each. For each (method, source, eval text):
 perplexity and the share of the RTN-to-float gap it closes, (rtn - q) / (rtn - float). Results are appended
 as JSON lines to bench/out/cross_domain.jsonl so runs can be merged into one table.
 """
@@ -27,12 +28,13 @@ sys.path.insert(0, str(HERE))
 
 from quality_common import load_model, perplexity  # noqa: E402
 
-SOURCES = {"self": "self", "prose": str(ROOT / "calibration/texts/prose_calib.txt"),
-           "code": str(ROOT / "calibration/texts/code_calib.txt"), "stdlib": "STDLIB_CALIB"}
 STDLIB_MODULES = ("textwrap.py", "fractions.py", "shlex.py", "bisect.py", "heapq.py")
 # the 'stdlib' calibration source: more Python than the local file holds (for the issue's 32 x 256 budget),
 # from standard-library modules disjoint from STDLIB_MODULES
 STDLIB_CALIB = ("calendar.py", "difflib.py", "csv.py", "dataclasses.py", "statistics.py", "argparse.py")
+# a calibration spec, or (stdlib) the modules whose text is written out as one
+SOURCES = {"self": "self", "prose": str(ROOT / "calibration/texts/prose_calib.txt"),
+           "code": str(ROOT / "calibration/texts/code_calib.txt"), "stdlib": STDLIB_CALIB}
 W4G64 = {"quant.scheme": "w4a16", "quant.group_size": 64, "quant.symmetric": True}
 
 
@@ -86,12 +88,11 @@ def _calibration(source: str, samples: int, seq_len: int, tok, model, out_dir: P
 
     from quantkit.data import load_calibration
 
-    if source == "stdlib":
-        spec = str(stdlib_text(out_dir, "calib_stdlib_code.txt", STDLIB_CALIB))
-        return load_calibration(spec=spec, tokenizer=tok, num_samples=samples, seq_len=seq_len, seed=0).samples
     if source != "self":
-        return load_calibration(spec=SOURCES[source], tokenizer=tok, num_samples=samples, seq_len=seq_len,
-                                seed=0).samples
+        spec = SOURCES[source]
+        if isinstance(spec, tuple):
+            spec = str(stdlib_text(out_dir, f"calib_{source}_code.txt", spec))
+        return load_calibration(spec=spec, tokenizer=tok, num_samples=samples, seq_len=seq_len, seed=0).samples
     stored = sorted((int(p.stem.split("_")[2].split("x")[0]), p) for p in out_dir.glob(f"self_calib_*x{seq_len}.pt"))
     for n, p in stored:
         if n >= samples:

@@ -102,7 +102,7 @@ class SignRoundOptions(_Strict):
                                                         "on them is rounded (RTN) instead.")
     float_targets: bool = Field(False, description="Fit each layer's output to the unquantised model's (as "
                                 "AutoRound does) rather than to its float output on the quantised model's inputs; "
-                                "measured worse on SmolLM2-135M (docs/benchmarks.md).")
+                                "measured no better on SmolLM2-135M (docs/benchmarks.md).")
     keep_best: bool = Field(False, description="End on the step whose batch loss was lowest (AutoRound's rule) "
                             "instead of the last step.")
 
