@@ -13,8 +13,8 @@ from .formats.safetensors_header import read_header
 _BYTES = {"I32": 4, "F16": 2, "BF16": 2, "F32": 4, "F8_E4M3": 1, "I8": 1, "U8": 1, "I64": 8, "F64": 8}
 # what each method recorded per Linear in quantkit.json (issue 23.5): AWQ's scale exponent, clip and guard,
 # SmoothQuant's migration strength, GPTQ's order, damping and guard, learned rounding's steps and fallback
-SOLVER_KEYS = ("awq_alpha", "awq_guard", "awq_clip_mean", "awq_clip_reverted", "awq_note", "smooth_alpha",
-               "actorder", "damp", "gptq_guard", "held_out_error", "fallback", "signround_iters",
+SOLVER_KEYS = ("awq_alpha", "awq_guard", "awq_clip_mean", "awq_clip_reverted", "awq_clip_decorrelate", "awq_note",
+               "smooth_alpha", "actorder", "damp", "gptq_guard", "held_out_error", "fallback", "signround_iters",
                "signround_final_loss", "signround_heldout_loss", "signround_heldout_rtn_loss", "signround_fallback")
 _SUFFIXES = ("weight_packed", "weight_scale", "weight_zero_point", "weight_g_idx", "weight_shape", "input_scale",
              "weight_global_scale")

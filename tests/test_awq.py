@@ -1,5 +1,5 @@
 """AWQ: exact folding on every mapped architecture, lower block error than RTN on layers with outlier channels,
-the clip search's Gram shortcut, and the unmapped-architecture paths."""
+and the unmapped-architecture paths (the clip search: test_awq_clip.py)."""
 from __future__ import annotations
 
 import copy
@@ -20,10 +20,8 @@ from quantkit.models.moe import unfuse_experts
 from quantkit.schemes import Scheme
 from quantkit.solvers.awq import AWQTransform, normalised_scales, weight_profile
 from quantkit.solvers.awq_block import _GroupData, block_error, fake_quantize, measured_copy
-from quantkit.solvers.awq_clip import CLIP_DAMP, GramAccumulator, apply_clip, search_clip
 from quantkit.solvers.awq_fold import fold_scales, prev_width
 from quantkit.solvers.awq_maps import ScaleGroup, map_for, mapped_architectures
-from quantkit.solvers.rtn import rtn_quantize
 
 
 # kv heads == heads so that v -> o is folded too (grouped-query attention skips it; tested separately)
@@ -228,56 +226,6 @@ def test_duo_weight_profile_is_the_mean_group_relative_magnitude():
         grp = slice(c // 8 * 8, c // 8 * 8 + 8)
         ref[c] = sum(w[r, c] / w[r, grp].max() for r in range(10)) / 10
     assert torch.allclose(got, ref, rtol=1e-6)  # float32 division and mean vs float64
-
-
-@pytest.mark.parametrize("damp", [0.0, CLIP_DAMP, 5.0])
-def test_clip_search_gram_error_equals_direct_output_error(damp):
-    """The ratio chosen from X^T X blocks is the one a direct per-group output error over tokens picks: every
-    token scaled to unit RMS, plus the ridge term damp x mean(diag G) x |dw|^2."""
-    g = torch.Generator().manual_seed(0)
-    sch = Scheme("t", 4, "int", True, 16)
-    w = torch.randn(8, 64, generator=g)
-    w[:, 5] *= 6  # one large weight per row makes shrinking worthwhile
-    x = torch.randn(200, 64, generator=g) * torch.exp(torch.randn(64, generator=g))
-    x[::25] *= 40  # a few tokens with outsized activations, which must not outweigh the rest
-    acc = GramAccumulator(64, 16, "cpu")
-    acc.add(x[:120])
-    acc.add(x[120:])
-    ratio = search_clip(w, acc.gram, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32, damp=damp)
-    ratios = [1.0 - 0.5 * i / 10 for i in range(10)]
-    xd = x.double()
-    xg = (xd / xd.pow(2).mean(-1, keepdim=True).sqrt()).reshape(200, 4, 16)
-    best = torch.zeros(8, 4)
-    for o in range(8):
-        for grp in range(4):
-            ridge = damp * float(xg[:, grp].pow(2).sum(0).mean())
-            errs = []
-            for r in ratios:
-                seg = w[o:o + 1, grp * 16:(grp + 1) * 16]
-                clipped = apply_clip(seg, torch.full((1, 1), r), sch)
-                dw = rtn_quantize(clipped, sch, scale_dtype=torch.float32).dequantize().double() - seg.double()
-                errs.append(float((dw @ xg[:, grp].t()).pow(2).sum() + ridge * dw.pow(2).sum()))
-            best[o, grp] = ratios[min(range(len(errs)), key=errs.__getitem__)]
-    assert torch.equal(ratio, best)
-    assert (ratio < 1).any()
-
-
-def test_a_large_damp_chooses_the_data_free_clip():
-    """With the ridge term dominant, the clip minimises the weight's own squared error, whatever the inputs."""
-    g = torch.Generator().manual_seed(1)
-    sch = Scheme("t", 4, "int", True, 16)
-    w = torch.randn(8, 64, generator=g)
-    w[:, 3] *= 5
-    x = torch.randn(300, 64, generator=g) * torch.exp(2 * torch.randn(64, generator=g))
-    acc = GramAccumulator(64, 16, "cpu")
-    acc.add(x)
-    eye = torch.eye(16).expand(4, 16, 16).contiguous()
-    free = search_clip(w, eye, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32, damp=0.0)
-    assert torch.equal(search_clip(w, acc.gram, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32,
-                                   damp=1e6), free)
-    # and the data move it without the ridge: the test would pass vacuously if they never did
-    assert not torch.equal(search_clip(w, acc.gram, sch, grid=10, max_shrink=0.5, scale_dtype=torch.float32,
-                                       damp=0.0), free)
 
 
 def test_block_error_weighs_every_token_the_same():

@@ -7,8 +7,9 @@ channels that carry large activations get finer quantisation steps. a is picked 
 output error of the measured block (attention, MLP, or a Linear) on calibration inputs when its targeted Linears
 are fake-quantised with their own scheme (RTN from rtn.py), each token's error taken relative to its own output
 (awq_block.py). After all groups are folded, each targeted Linear's groups are clamped to the range that
-minimises its output error, every token weighing the same, with a ridge term (awq_clip.py); the later RTN or
-GPTQ solve then sees the clipped range.
+minimises its output error, every token weighing the same, with a ridge term and the Gram's off-diagonal part
+shrunk the more the fewer calibration tokens it was measured on (awq_clip.py); the later RTN or GPTQ solve then
+sees the clipped range.
 
 Memory and time: mean|x| and the clip Gram matrices use every calibration token, but the alpha search runs the
 block on whole samples up to SEARCH_TOKENS tokens (attention mixes tokens, so samples are kept whole; at least
@@ -29,7 +30,7 @@ from torch import nn
 from ..pipeline import capture
 from ..errors import UserError
 from ..schemes import Scheme, scale_dtype_for
-from .awq_clip import GramAccumulator, apply_clip, group_width, search_clip
+from .awq_clip import GramAccumulator, apply_clip, decorrelation, group_width, search_clip
 from .awq_fold import fold_scales, prev_width
 from .awq_block import _capture_group, _GroupData, quantised_error
 from .awq_guard import guard_clip, held_out_grams, scale_guard, split_holdout
@@ -193,14 +194,16 @@ class AWQTransform(LayerTransform):
             if grams[m].tokens == 0:  # an expert no calibration token reached keeps its full range
                 continue
             w, sd = m.weight.data.float(), self._scale_dtype(m.weight.dtype)
-            ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, sd)
+            decorrelate = decorrelation(grams[m].tokens)
+            ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, sd, decorrelate=decorrelate)
             reverted = 0
             if m in held and held[m].tokens:
                 ratio, reverted = guard_clip(w, ratio, held[m].gram, sch, sd)
             m.weight.data = apply_clip(w, ratio, sch).to(m.weight.dtype)
             stats.setdefault(full, {}).update(awq_clip_mean=round(float(ratio.mean()), 4),
                                               awq_clip_min=round(float(ratio.min()), 4),
-                                              awq_clip_reverted=reverted)
+                                              awq_clip_reverted=reverted,
+                                              awq_clip_decorrelate=round(decorrelate, 4))
 
 
 def _has(layer: nn.Module, name: str) -> bool:
