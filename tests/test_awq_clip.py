@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quantkit.recipe import Recipe
 from quantkit.schemes import Scheme
 from quantkit.solvers.awq_clip import (CLIP_DAMP, CLIP_PRIOR_TOKENS, GramAccumulator, apply_clip, decorrelation,
                                        search_clip)
@@ -51,8 +52,11 @@ def test_clip_search_gram_error_equals_direct_output_error(damp, decorrelate):
 
 
 def test_decorrelation_falls_as_the_calibration_text_grows():
-    """Half the off-diagonal part at CLIP_PRIOR_TOKENS tokens, all of it with none, less with every token more."""
+    """Half the off-diagonal part at as many tokens as the prior, all of it with none, less with every token
+    more, none with the prior off."""
+    assert Recipe().quant.awq.clip_prior_tokens == CLIP_PRIOR_TOKENS  # the recipe's default is this prior
     assert decorrelation(CLIP_PRIOR_TOKENS) == 0.5 and decorrelation(0) == 1.0
+    assert decorrelation(500, prior=0) == 0.0  # off
     shares = [decorrelation(t) for t in (100, 2048, 8192, 65536)]
     assert shares == sorted(shares, reverse=True) and shares[-1] < 0.05
 

@@ -87,6 +87,10 @@ class AWQOptions(_Strict):
                              "this share of the best one (0: the best).")
     holdout: float = Field(0.2, ge=0, lt=1, description="Share of calibration samples kept out of the search "
                            "to check its choices: a scale or clip that loses to plain RTN there is dropped (0: off).")
+    clip_prior_tokens: int = Field(2048, ge=0, description="The clip search drops prior / (prior + tokens) of "
+                                   "each Gram block's off-diagonal part, tokens being those it was measured on: "
+                                   "a few thousand tokens of one domain do not fit the clip to that domain's "
+                                   "channel correlations (0: the Gram as measured).")
 
 
 class SignRoundOptions(_Strict):

@@ -30,7 +30,7 @@ from torch import nn
 from ..pipeline import capture
 from ..errors import UserError
 from ..schemes import Scheme, scale_dtype_for
-from .awq_clip import GramAccumulator, apply_clip, decorrelation, group_width, search_clip
+from .awq_clip import CLIP_PRIOR_TOKENS, GramAccumulator, apply_clip, decorrelation, group_width, search_clip
 from .awq_fold import fold_scales, prev_width
 from .awq_block import _capture_group, _GroupData, quantised_error
 from .awq_guard import guard_clip, held_out_grams, scale_guard, split_holdout
@@ -94,6 +94,7 @@ class AWQTransform(LayerTransform):
         self.search_tokens = int(options.get("search_tokens", SEARCH_TOKENS))
         # share of calibration samples kept out of the search to check its choices (awq_guard.py); 0: no guard
         self.holdout = float(options.get("holdout", 0.0))
+        self.clip_prior = int(options.get("clip_prior_tokens", CLIP_PRIOR_TOKENS))
         # the dtype the checkpoint stores scales in (the plan's rule); None: the layer's own, float16 for float32
         self.scale_dtype = options.get("scale_dtype")
         cfg = model.config
@@ -194,7 +195,7 @@ class AWQTransform(LayerTransform):
             if grams[m].tokens == 0:  # an expert no calibration token reached keeps its full range
                 continue
             w, sd = m.weight.data.float(), self._scale_dtype(m.weight.dtype)
-            decorrelate = decorrelation(grams[m].tokens)
+            decorrelate = decorrelation(grams[m].tokens, self.clip_prior)
             ratio = search_clip(w, grams[m].gram, sch, CLIP_GRID, CLIP_MAX_SHRINK, sd, decorrelate=decorrelate)
             reverted = 0
             if m in held and held[m].tokens:

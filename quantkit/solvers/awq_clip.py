@@ -35,9 +35,9 @@ CLIP_DAMP = 0.1
 CLIP_PRIOR_TOKENS = 2048
 
 
-def decorrelation(tokens: int) -> float:
+def decorrelation(tokens: int, prior: int = CLIP_PRIOR_TOKENS) -> float:
     """The share of the Gram's off-diagonal part given up when it was measured on TOKENS tokens."""
-    return CLIP_PRIOR_TOKENS / (CLIP_PRIOR_TOKENS + tokens)
+    return prior / (prior + tokens) if prior else 0.0
 
 
 class GramAccumulator:
