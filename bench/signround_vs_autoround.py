@@ -36,12 +36,12 @@ METHODS = {"rtn": {"quant.method": "rtn"},
            "signround": {"quant.method": "signround"}}
 
 
-def calib_tokens(model_path: str, spec: str, samples: int, seq_len: int):
+def calib_tokens(out: Path, model_path: str, spec: str, samples: int, seq_len: int):
     """The stored calibration tokens, made on the first run from SPEC ('self': sampled from the model, else a
     calibration spec such as a local text file), seed 0."""
     import torch
 
-    path = OUT / "calib_tokens.pt"
+    path = out / "calib_tokens.pt"
     if not path.exists():
         from transformers import AutoTokenizer
 
@@ -50,7 +50,7 @@ def calib_tokens(model_path: str, spec: str, samples: int, seq_len: int):
         tok = AutoTokenizer.from_pretrained(model_path)
         model = load_model(model_path) if spec == "self" else None
         c = load_calibration(spec=spec, tokenizer=tok, num_samples=samples, seq_len=seq_len, seed=0, model=model)
-        OUT.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
         torch.save(torch.stack([s.reshape(-1) for s in c.samples]), path)
     return path, torch.load(path)
 
@@ -70,7 +70,7 @@ def quantkit_row(name: str, base, ids, overrides: dict) -> tuple:
 
 
 def autoround_row(a, model_path: str, tokens: Path) -> tuple:
-    out = OUT / f"autoround-{a.autoround_iters}x{a.autoround_batch}"
+    out = Path(a.out) / f"autoround-{a.autoround_iters}x{a.autoround_batch}"
     cmd = [a.autoround_python, str(HERE / "signround_autoround_worker.py"), model_path, str(tokens), str(out),
            "--iters", str(a.autoround_iters), "--batch", str(a.autoround_batch), "--threads", str(a.threads)]
     p = subprocess.run(cmd, capture_output=True, text=True)
@@ -93,11 +93,11 @@ def table(rows: dict) -> str:
 
 
 def main(argv=None) -> None:
-    global OUT
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--only", default="float,rtn,gptq,signround,autoround")
     ap.add_argument("--calib", default="self", help="calibration spec for a first run ('self' or a local file)")
-    ap.add_argument("--out", default=str(OUT), help="folder of the stored tokens, rows and AutoRound checkpoints")
+    ap.add_argument("--out", default=str(OUT), help="folder of the stored tokens, rows and AutoRound checkpoints "
+                    "(one per calibration set: its rows are only comparable with each other)")
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--iters", type=int, default=None, help="our signround iterations (default: the recipe's)")
@@ -110,7 +110,7 @@ def main(argv=None) -> None:
     ap.add_argument("--set", action="append", default=[], help="recipe override FIELD=VALUE for quantkit rows")
     ap.add_argument("--tag", default="", help="suffix of the stored row names, to keep variants apart")
     a = ap.parse_args(argv)
-    OUT = Path(a.out)  # one folder per calibration set: its rows are only comparable with each other
+    out = Path(a.out)
     import torch
     from transformers import AutoTokenizer
 
@@ -120,9 +120,9 @@ def main(argv=None) -> None:
 
     torch.set_num_threads(a.threads)
     path = str(embedded_model_dir())
-    tokens, ids = calib_tokens(path, a.calib, a.samples, a.seq_len)
+    tokens, ids = calib_tokens(out, path, a.calib, a.samples, a.seq_len)
     windows = load_eval_windows(a.eval, AutoTokenizer.from_pretrained(path), seq_len=512, max_windows=a.max_windows)
-    store = OUT / "rows.json"
+    store = out / "rows.json"
     rows: dict = {}
     base = load_model(path)
     for name in a.only.split(","):

@@ -6,8 +6,9 @@ on qmin (-8 at 4 bits) and every step is absmax / 8 rather than absmax / 7, usin
 symmetric grid never reaches (llama.cpp's Q4_0 and AutoRound choose their scales this way). Asymmetric: the
 range [min, max] (always containing 0, so 0 is exact) is mapped onto [qmin, qmax] with an integer zero point.
 With clip search the range is shrunk by up to `clip_max_shrink` in `clip_grid` steps and, per group, the
-shrink with the smallest squared error (weighted by input-channel importance when given) is kept. Scales are rounded to the storage dtype *before* the codes
-are computed so that what is written dequantises to exactly what was measured.
+shrink with the smallest squared error (weighted by input-channel importance when given) is kept. Scales are
+rounded to the storage dtype *before* the codes are computed so that what is written dequantises to exactly
+what was measured.
 """
 from __future__ import annotations
 
@@ -40,8 +41,7 @@ def qparams(wmin: torch.Tensor, wmax: torch.Tensor, scheme: Scheme, scale_dtype=
         wmin = torch.clamp(wmin, max=0)
         wmax = torch.clamp(wmax, min=0)
         scale = (wmax - wmin) / (qmax - qmin)
-    tiny = torch.finfo(scale_dtype).tiny if scale_dtype.is_floating_point else 1e-12
-    scale = signed_floor(scale, max(tiny, 1e-10)).to(scale_dtype).float()
+    scale = signed_floor(scale, scale_floor(scale_dtype)).to(scale_dtype).float()
     scale = torch.where(scale == 0, torch.full_like(scale, 1e-7), scale)
     if not scheme.symmetric:
         zero = torch.clamp(torch.round(qmin - wmin / scale), qmin, qmax)
@@ -52,6 +52,11 @@ def signed_extreme(wmin: torch.Tensor, wmax: torch.Tensor) -> torch.Tensor:
     """Per group, whichever of min and max is larger in magnitude, with its sign (the negative one on a tie,
     since -2^(b-1) is the grid's only end that a weight of that size can land on exactly)."""
     return torch.where(wmax.abs() > wmin.abs(), wmax, wmin)
+
+
+def scale_floor(scale_dtype: torch.dtype) -> float:
+    """The smallest scale magnitude stored: 1e-10, or the dtype's smallest normal number where that is larger."""
+    return max(torch.finfo(scale_dtype).tiny, 1e-10) if scale_dtype.is_floating_point else 1e-10
 
 
 def signed_floor(scale: torch.Tensor, floor: float) -> torch.Tensor:

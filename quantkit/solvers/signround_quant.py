@@ -12,7 +12,7 @@ import torch
 
 from ..qweight import QWeight
 from ..schemes import Scheme
-from .rtn import signed_extreme, signed_floor
+from .rtn import scale_floor, signed_extreme, signed_floor
 
 CLIP_LOW = 0.5  # the smallest clip factor: a group's range is never shrunk below half
 
@@ -52,7 +52,7 @@ class LearnedRounding:
 
     def _qparams(self):
         s = self.scheme
-        floor = max(torch.finfo(self.scale_dtype).tiny, 1e-10) if self.scale_dtype.is_floating_point else 1e-10
+        floor = scale_floor(self.scale_dtype)
         if s.symmetric and s.full_range:  # rtn.qparams' rule, differentiable in the clip factors
             e = signed_extreme(self.wmin * self.lo, self.wmax * self.hi) / s.qmin
             return _as_dtype_ste(signed_floor(e, floor), self.scale_dtype), None
