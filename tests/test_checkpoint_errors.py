@@ -4,66 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
+from damage import ckpt, damaged, one_line_error, run_cli  # noqa: F401  (fixtures)
 from safetensors.torch import save_file
-from transformers import AutoTokenizer
-from typer.testing import CliRunner
 
-import quantkit.cli.quantize_cmd  # noqa: F401  (registers the command for CliRunner)
-from quantkit.cli import app
 from quantkit.errors import UserError
 from quantkit.formats.safetensors_header import read_header
-from quantkit.models.embedded import embedded_model_dir
-from quantkit.testing.models import tiny_llama
 
 FIX = "re-run quantkit quantize"
-
-
-@pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    """A W4 checkpoint of a tiny random model with SmolLM2's tokenizer, as `quantkit quantize` writes it."""
-    tmp = tmp_path_factory.mktemp("ckpt")
-    tok = AutoTokenizer.from_pretrained(embedded_model_dir())
-    tiny_llama(vocab_size=len(tok), seed=3).save_pretrained(tmp / "src")
-    tok.save_pretrained(tmp / "src")
-    r = CliRunner().invoke(app, ["quantize", str(tmp / "src"), "-o", str(tmp / "w4"), "--quiet", "--method", "rtn",
-                                 "--group-size", "64"])
-    assert r.exit_code == 0, r.output
-    assert (tmp / "w4" / "tokenizer.json").is_file()
-    return tmp / "w4"
-
-
-@pytest.fixture
-def damaged(ckpt, tmp_path):
-    copy = tmp_path / "copy"
-    shutil.copytree(ckpt, copy)
-    return copy
-
-
-@pytest.fixture
-def run_cli(cli, monkeypatch):
-    """The in-process CLI, with serve unable to start a server: a load that wrongly succeeds fails the test."""
-    import uvicorn
-
-    def no_server(*a, **k):
-        raise AssertionError("serve got past loading the checkpoint")
-
-    monkeypatch.setattr(uvicorn, "run", no_server)
-    return cli
-
-
-def _one_line_error(result, *words):
-    code, out, err = result
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith("error: ") and all(w in lines[0] for w in words), lines[0]
-    assert out == ""  # nothing half-reported (inspect used to print a table with the wrong size)
-    return lines[0]
+_one_line_error = one_line_error
 
 
 def _args(cmd, folder):

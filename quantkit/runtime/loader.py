@@ -15,7 +15,9 @@ from torch import nn
 
 from ..errors import UserError
 from ..formats.compressed_tensors import load_tensors, module_targets
+from ..formats.integrity import check_layout, check_values
 from ..formats.moe_names import from_checkpoint, to_checkpoint
+from ..formats.quant_config_check import check_group_fits, check_quantization_config
 from ..formats.safetensors_header import read_header
 from ..linear import dispatch
 from ..models.moe import unfuse_experts
@@ -94,6 +96,7 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
         from transformers import AutoModelForCausalLM
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto").to(device)
+        check_values(path, model.state_dict())
     else:
         model = _load_quantised(path, qc, device, dtype)
     model.eval()
@@ -107,34 +110,64 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     return model
 
 
+def _build_empty(path: Path, config, dtype: torch.dtype) -> nn.Module:
+    """The model config.json describes, with meta weights; a config transformers cannot build is one line."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with init_empty_weights(include_buffers=False):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
+        detail = " ".join(str(e).split())[:200]
+        raise UserError(f"{path / 'config.json'} does not describe a model transformers can build ({detail}); "
+                        "restore it from the checkpoint quantkit wrote, or re-run quantkit quantize") from None
+    unfuse_experts(model)  # per-expert Linears, as the checkpoint stores them
+    return model
+
+
+def _swap_quantised(path: Path, model: nn.Module, qc: dict, tensors: dict, dtype: torch.dtype) -> dict[str, str]:
+    """Each Linear quantization_config covers becomes the empty module its tensors load into; returns
+    {module name: what config.json says of its layout}, for the layout check's messages."""
+    mt = getattr(model.config, "model_type", None)
+    linears = {to_checkpoint(mt, n): (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    targeted = module_targets(qc, {k: m for k, (_, m) in linears.items()})
+    groups = {id(v): k for k, v in qc["config_groups"].items()}
+    implied = {}
+    for key, group in targeted.items():
+        name, linear = linears[key]
+        w = group["weights"]
+        check_group_fits(path, name, w, linear.in_features)
+        model.set_submodule(name, dispatch.stored(linear, group, has_g_idx=f"{name}.weight_g_idx" in tensors,
+                                                  has_input_scale=f"{name}.input_scale" in tensors, dtype=dtype))
+        size = f", group size {w.get('group_size')}" if w.get("strategy") in ("group", "tensor_group") else ""
+        implied[name] = (f"quantization_config {groups.get(id(group), 'group')}: {w['num_bits']}-bit {w['type']} "
+                         f"{w['strategy']}{size}")
+    return implied
+
+
 def _load_quantised(path: Path, qc: dict, device: str, dtype: torch.dtype | None) -> nn.Module:
     """The model with every quantised Linear as the module dispatch.stored gives, loaded and on `device`."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    if qc.get("quant_method") != "compressed-tensors":
-        raise UserError(f"'{path}' uses quant_method '{qc.get('quant_method')}'; quantkit loads compressed-tensors checkpoints")
+    check_quantization_config(path, qc)
     config = AutoConfig.from_pretrained(path)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     tensors = load_tensors(path)
+    check_values(path, tensors)
     if dtype is None:
         dtype = next((t.dtype for k, t in tensors.items() if k.endswith("weight_scale") or k.endswith("norm.weight")),
                      torch.float16)
-    # KV scales stay float32, taken before the cast below, so FP8KVCache sees exactly the stored values
-    kv_scales = {k: tensors.pop(k).float() for k in [k for k in tensors if k.endswith(KV_SCALE_KEYS)]}
-    # assign=True keeps the stored dtype, so float tensors are cast here to the dtype the caller asked for
-    tensors = {k: t.to(dtype) if t.is_floating_point() and t.element_size() > 1 else t for k, t in tensors.items()}
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    unfuse_experts(model)  # per-expert Linears, as the checkpoint stores them
+    model = _build_empty(path, config, dtype)
     mt = getattr(config, "model_type", None)
     tensors = {from_checkpoint(mt, k): t for k, t in tensors.items()}
-    linears = {to_checkpoint(mt, n): (n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    targeted = module_targets(qc, {k: m for k, (_, m) in linears.items()})
-    for name, group in {linears[k][0]: g for k, g in targeted.items()}.items():
-        model.set_submodule(name, dispatch.stored(model.get_submodule(name), group, has_g_idx=f"{name}.weight_g_idx" in tensors,
-                                                  has_input_scale=f"{name}.input_scale" in tensors, dtype=dtype))
+    implied = _swap_quantised(path, model, qc, tensors, dtype)
+    # KV scales stay float32, taken before the cast below, so FP8KVCache sees exactly the stored values
+    kv_scales = {k: tensors.pop(k).float() for k in [k for k in tensors if k.endswith(KV_SCALE_KEYS)]}
+    check_layout(path, tensors, model.state_dict(keep_vars=True), implied)
+    # assign=True keeps the stored dtype, so float tensors are cast here to the dtype the caller asked for
+    tensors = {k: t.to(dtype) if t.is_floating_point() and t.element_size() > 1 else t for k, t in tensors.items()}
     attach_kv_scales(model, kv_scales)
     missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
     if getattr(config, "tie_word_embeddings", False):
