@@ -3,13 +3,15 @@
 A folder is quantkit's when it holds the `quantkit.json` the writer puts in every checkpoint. `--overwrite`
 replaces such a folder and nothing else, so a mistyped `-o .` or `-o SRC` can never delete a user's files. The
 lock is a file beside OUT (OUT itself may not exist yet) held with flock for the whole run, so two runs aimed at
-one OUT cannot both think they own it; the final rename checks again that OUT is still what was claimed.
+one OUT cannot both think they own it; the final rename checks again that OUT is still what was claimed. The
+temporary folders of runs killed before their rename are removed by the next run that takes the lock.
 """
 from __future__ import annotations
 
 import ctypes
 import errno
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -115,7 +117,16 @@ class OutputClaim:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
+        self._remove_stale_partials()
         return self
+
+    def _remove_stale_partials(self) -> None:
+        """Remove `.OUT.partial-XXXXXXXX` folders a killed run left: only a run holding OUT's lock writes one, and
+        we hold it now, so any that exists is dead. Only folders with exactly temporary()'s name are touched."""
+        pattern = re.compile(rf"\.{re.escape(self.out.name)}\.partial-[A-Za-z0-9_]{{8}}")
+        for entry in os.scandir(self.out.parent):
+            if pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
 
     def __exit__(self, *exc) -> None:
         if self._fd is not None:

@@ -1,6 +1,7 @@
 """Write a quantised model as a checkpoint folder, atomically: a temporary folder beside OUT, renamed at the end.
 
-A run that dies half-way leaves only a hidden `.OUT.partial-*` folder, never a half-written OUT.
+A run that dies half-way leaves only a hidden `.OUT.partial-*` folder, never a half-written OUT (the next run on
+OUT removes it: output.py); a write that fails (a full disk, a file-size limit) removes its own and is one line.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .compressed_tensors import quantization_config, save_tensors, tensors_for
 from .fp4_tensors import share_global_scales
 from .moe_names import is_router, to_checkpoint
 from .output import OutputClaim
+from .write_failure import write_failure
 
 
 def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], extra: dict[str, torch.Tensor],
@@ -53,8 +55,9 @@ def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWei
     # routers (not always nn.Linear) are listed as ignored so engines that match 'Linear' leave them in float
     linears = [to_checkpoint(mt, n) for n, m in model.named_modules()
                if isinstance(m, torch.nn.Linear) or (is_router(n) and hasattr(m, "weight"))]
-    tmp = claim.temporary()
+    tmp = None
     try:
+        tmp = claim.temporary()
         tensors = checkpoint_tensors(model, qweights, extra or {}, dtype)
         save_tensors(tmp, {to_checkpoint(mt, k): v for k, v in tensors.items()})
         plan = {to_checkpoint(mt, n): s for n, s in plan.items()}
@@ -72,6 +75,10 @@ def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWei
             tokenizer.save_pretrained(tmp)
         (tmp / "quantkit.json").write_text(json.dumps(meta, indent=2, default=str))
         return claim.commit(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException as e:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        failure = write_failure(e, claim.out.parent, claim.out)
+        if failure is not None:
+            raise failure from None
         raise
