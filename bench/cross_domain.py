@@ -130,7 +130,7 @@ def main(argv=None) -> None:
     from quantkit.pipeline import quantize_model
     from quantkit.plan import build_plan
     from quantkit.recipe import Recipe, apply_overrides
-    from quantkit.cli.recipe_cmd import parse_set
+    from quantkit.cli.set_option import parse_set
 
     out_dir = HERE / "out"
     out_dir.mkdir(exist_ok=True)

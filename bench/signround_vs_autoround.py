@@ -114,7 +114,7 @@ def main(argv=None) -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from quantkit.cli.recipe_cmd import parse_set
+    from quantkit.cli.set_option import parse_set
     from quantkit.data import load_eval_windows
     from quantkit.models.embedded import embedded_model_dir
 

@@ -133,7 +133,8 @@ def _check_fits(name: str, mod: nn.Linear, scheme: Scheme) -> None:
     gs = scheme.group_size
     if scheme.is_int_activations and (gs != -1 or not scheme.symmetric):
         # the engines' INT8 x INT8 kernels take one symmetric weight scale per output channel
-        raise UserError(f"{scheme.name} has symmetric per-channel weights; drop --group-size and --asym for {name}")
+        raise UserError(f"{scheme.name} has symmetric per-channel weights; drop --group-size and "
+                        f"quant.symmetric=false for {name}")
     if scheme.is_fp4:
         _check_fits_fp4(name, mod, scheme)
     elif not scheme.is_fp8 and gs != -1 and mod.in_features % gs:
@@ -146,7 +147,7 @@ def _check_fits_fp4(name: str, mod: nn.Linear, scheme: Scheme) -> None:
     gs = get_scheme(scheme.name).group_size
     if scheme.group_size != gs or not scheme.symmetric:
         raise UserError(f"{scheme.name} has symmetric groups of {gs} (the format's own); drop --group-size and "
-                        f"--asym for {name}")
+                        f"quant.symmetric=false for {name}")
     if mod.in_features % gs:
         raise UserError(f"{name} has in_features={mod.in_features}, not divisible by {scheme.name}'s group of {gs}; "
                         f"leave it in float with --ignore {name}")
@@ -179,7 +180,7 @@ def _smooth(q, schemes: dict[str, Scheme]) -> dict | None:
     if not q.smooth:
         return None
     if not any(s.is_int_activations for s in schemes.values()):
-        raise UserError("--smooth moves activation outliers into INT8 weights; use it with --scheme w8a8 "
+        raise UserError("quant.smooth moves activation outliers into INT8 weights; use it with --scheme w8a8 "
                         "or w8a8-static")
     return {"alpha": q.smooth_alpha}
 

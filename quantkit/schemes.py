@@ -15,7 +15,7 @@ class Scheme:
     type: str  # "int" or "float" (8 bits: E4M3; 4 bits: E2M1, quantkit/fp4.py)
     symmetric: bool = True
     group_size: int = 128  # -1: one group per output channel
-    actorder: str | None = None  # None, "weight" or "group"
+    actorder: str | None = None  # None or "weight" (static groups, no g_idx)
     # activations: None (weight-only), "dynamic" (per token at run time) or "static" (calibrated per tensor)
     activations: str | None = None
     weight_strategy_override: str | None = None  # "tensor" for fp8 static, "tensor_group" for nvfp4

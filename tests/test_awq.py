@@ -277,7 +277,7 @@ def test_unmapped_architecture_is_a_user_error_naming_mapped_ones():
     with pytest.raises(UserError) as e:
         quantize_model(model, build_plan(model, r), [torch.randint(0, 128, (16,))])
     msg = str(e.value)
-    assert "gpt_neox" in msg and "llama" in msg and "qwen3" in msg and "--awq-fallback rtn" in msg
+    assert "gpt_neox" in msg and "llama" in msg and "qwen3" in msg and "--set quant.awq.fallback=rtn" in msg
 
 
 def test_unmapped_architecture_falls_back_to_rtn_when_asked():

@@ -64,16 +64,16 @@ def test_scale_guard_drops_a_scale_that_loses_on_held_out_samples():
     assert why is not None and why.startswith("rtn scales: held-out error")
 
 
-def test_tolerance_keeps_the_mildest_alpha_near_the_best():
+def test_min_gain_keeps_the_mildest_alpha_near_the_best():
     from quantkit.solvers.awq import pick_alpha
 
     errors = {0.0: 1.0, 0.25: 0.8, 0.5: 0.62, 0.75: 0.6, 1.0: 0.7}
     cands = [(a, torch.full((4,), 2.0 + a)) for a in errors]  # no candidate is s = 1 itself
     err = lambda s: 1.1 if bool((s == 1).all()) else errors[round(float(s[0]) - 2.0, 2)]  # noqa: E731
     assert pick_alpha(err, cands)[0] == 0.75
-    assert pick_alpha(err, cands, tolerance=0.05)[0] == 0.5  # 0.62 <= 0.6 * 1.05
-    alpha, s, e, base = pick_alpha(err, cands, tolerance=0.5)
+    assert pick_alpha(err, cands, min_gain=0.05)[0] == 0.5  # 0.62 <= 0.6 * 1.05
+    alpha, s, e, base = pick_alpha(err, cands, min_gain=0.5)
     assert (alpha, e, base) == (0.25, 0.8, 1.1) and torch.equal(s, cands[1][1])  # 0.8 <= 0.9, 1.0 is not
-    worse = {a: 1.2 for a in errors}  # nothing beats s = 1: no alpha, whatever the tolerance
+    worse = {a: 1.2 for a in errors}  # nothing beats s = 1: no alpha, whatever the min_gain
     assert pick_alpha(lambda s: 1.1 if bool((s == 1).all()) else worse[round(float(s[0]) - 2.0, 2)], cands,
-                      tolerance=0.5)[0] is None
+                      min_gain=0.5)[0] is None

@@ -28,7 +28,7 @@ def test_cli_awq_records_alpha_and_clip_per_layer(tmp_path, cli):
     src = _model_dir(tmp_path)
     out = tmp_path / "out"
     code, _, err = cli("quantize", src, "-o", out, "--method", "awq", "--group-size", "32", "--calib", SAMPLE,
-                       "--num-samples", "4", "--seq-len", "32", "--awq-clip-prior-tokens", "96", "-q")
+                       "--num-samples", "4", "--seq-len", "32", "--set", "quant.awq.clip_prior_tokens=96", "-q")
     assert code == 0, err
     meta = json.loads((out / "quantkit.json").read_text())
     layers = meta["layers"]
@@ -57,8 +57,8 @@ def test_cli_unmapped_architecture_exit_code_and_fallback(tmp_path, cli):
     args = ["quantize", src, "--method", "awq", "--group-size", "32", "--calib", SAMPLE, "--num-samples", "2",
             "--seq-len", "16", "-q"]
     code, out, err = cli(*args, "-o", tmp_path / "a")
-    assert code == 2 and "gpt_neox" in out + err and "--awq-fallback rtn" in out + err
-    code, _, err = cli(*args, "-o", tmp_path / "b", "--awq-fallback", "rtn")
+    assert code == 2 and "gpt_neox" in out + err and "--set quant.awq.fallback=rtn" in out + err
+    code, _, err = cli(*args, "-o", tmp_path / "b", "--set", "quant.awq.fallback=rtn")
     assert code == 0, err
     layers = json.loads((tmp_path / "b" / "quantkit.json").read_text())["layers"]
     assert all(s["awq_alpha"] is None for s in layers.values())

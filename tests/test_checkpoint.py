@@ -27,10 +27,10 @@ def _dequantized_float_model(src, ckpt):
 
 @pytest.mark.parametrize("args", [
     ["--scheme", "w4a16", "--group-size", "32"],
-    ["--scheme", "w4a16", "--group-size", "64", "--asym"],
-    ["--scheme", "w4a16", "--group-size", "-1", "--clip-search"],
+    ["--scheme", "w4a16", "--group-size", "64", "--set", "quant.symmetric=false"],
+    ["--scheme", "w4a16", "--group-size", "-1", "--set", "quant.clip_search=true"],
     ["--scheme", "w8a16", "--group-size", "-1"],
-    ["--scheme", "w8a16", "--group-size", "128", "--asym"],
+    ["--scheme", "w8a16", "--group-size", "128", "--set", "quant.symmetric=false"],
 ])
 def test_layout_and_logits(tmp_path, cli, args):
     src = make_tiny_model(tmp_path / "src", "llama")
@@ -46,7 +46,7 @@ def test_layout_and_logits(tmp_path, cli, args):
     bits = 4 if "w4a16" in args else 8
     gs = int(args[args.index("--group-size") + 1])
     assert w["num_bits"] == bits and w["type"] == "int"
-    assert w["symmetric"] == ("--asym" not in args)
+    assert w["symmetric"] == ("quant.symmetric=false" not in args)
     assert w["strategy"] == ("channel" if gs == -1 else "group") and w["group_size"] == (None if gs == -1 else gs)
     assert qc["ignore"] == ["lm_head"]
     with safe_open(str(out / "model.safetensors"), "pt") as f:
@@ -57,8 +57,8 @@ def test_layout_and_logits(tmp_path, cli, args):
         assert f.get_tensor(f"{p}.weight_scale").shape == (128, 1 if gs == -1 else 256 // gs)
         assert f.get_tensor(f"{p}.weight_scale").dtype == torch.float32  # the model dtype (float32 here)
         assert f.get_tensor(f"{p}.weight_shape").tolist() == [128, 256]
-        assert (f"{p}.weight_zero_point" in keys) == ("--asym" in args)
-        if "--asym" in args:
+        assert (f"{p}.weight_zero_point" in keys) == ("quant.symmetric=false" in args)
+        if "quant.symmetric=false" in args:
             groups = 1 if gs == -1 else 256 // gs
             assert tuple(f.get_tensor(f"{p}.weight_zero_point").shape) == (128 * bits // 32, groups)
         assert f"{p}.weight" not in keys and "lm_head.weight" in keys  # lm_head stays float (not tied here)
@@ -91,7 +91,7 @@ def test_loads_through_transformers_and_compressed_tensors(tmp_path, cli, asym):
 
     src = make_tiny_model(tmp_path / "src", "qwen2", dtype=torch.float16)
     out = tmp_path / "out"
-    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32", *(["--asym"] if asym else []))[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32", *(["--set", "quant.symmetric=false"] if asym else []))[0] == 0
     # transformers 5.24's compressed (default) path registers zero points unpacked and re-initialises the
     # packed ones it reads, so asymmetric checkpoints are loaded with its dequantize=True path, which applies
     # compressed-tensors' own decompress (packed zero points along dim 0, as we write them).

@@ -1,65 +1,135 @@
-"""Every knob a recipe has, `quantkit quantize` has as a flag, and each flag sets the field it claims to."""
+"""Every recipe field is reachable from the command line: `quantkit quantize --set FIELD=VALUE` sets it (checked
+on the resolved recipe) and `quantize --help` lists it; the old flag spellings still work and say their --set form."""
 from __future__ import annotations
 
-import inspect
 import json
+import re
 
 import pytest
-from pydantic import BaseModel
 
-from quantkit.cli.quantize_cmd import FLAG_FIELDS, quantize
-from quantkit.recipe import Recipe
+from quantkit.cli.set_option import field_sections
 
-# Fields a single flag cannot express, with where the user sets them instead
-NO_FLAG = {
-    "description": "free text, not a knob",
-    "quant.targets": "a list of per-module overrides: recipe file or `quantkit run --set`",
-    "eval": "`quantkit eval` and `quantkit run` take the evaluation settings",
-    "draft": "`quantkit draft train` takes the head-training settings (tests/test_draft_eagle.py checks that parity)",
+# a value unlike the default for every field quantize reads: (as typed after FIELD=, as the resolved recipe holds it)
+SAMPLES = {
+    "description": ("a note", "a note"), "model": ("./elsewhere", "./elsewhere"), "output": ("./out", "./out"),
+    "overwrite": ("true", True), "dtype": ("float16", "float16"), "device": ("cuda:1", "cuda:1"),
+    "quant.scheme": ("w8a16", "w8a16"), "quant.method": ("gptq", "gptq"), "quant.group_size": ("64", 64),
+    "quant.symmetric": ("false", False), "quant.full_range": ("false", False), "quant.bits": ("4.5", 4.5),
+    "quant.ignore": ("[lm_head, 're:.*gate.*']", ["lm_head", "re:.*gate.*"]),
+    "quant.targets": ("[{match: 're:.*mlp.*', scheme: fp8}]",
+                      [{"match": "re:.*mlp.*", "scheme": "fp8", "group_size": None, "symmetric": None}]),
+    "quant.clip_search": ("true", True), "quant.kv_cache": ("fp8", "fp8"), "quant.smooth": ("true", True),
+    "quant.smooth_alpha": ("0.5", 0.5),
+    "quant.gptq.damp": ("0.05", 0.05), "quant.gptq.block_size": ("64", 64), "quant.gptq.actorder": ("off", "off"),
+    "quant.gptq.static_groups": ("false", False), "quant.gptq.holdout": ("0.2", 0.2),
+    "quant.awq.grid": ("7", 7), "quant.awq.duo": ("true", True), "quant.awq.clip": ("false", False),
+    "quant.awq.search_tokens": ("512", 512), "quant.awq.fallback": ("rtn", "rtn"), "quant.awq.min_gain": ("0.05", 0.05),
+    "quant.awq.holdout": ("0.1", 0.1), "quant.awq.clip_prior_tokens": ("0", 0),
+    "quant.signround.iters": ("8", 8), "quant.signround.lr": ("0.1", 0.1), "quant.signround.batch": ("4", 4),
+    "quant.signround.clip": ("false", False), "quant.signround.holdout": ("0.25", 0.25),
+    "quant.moe.calibrate_all_experts": ("true", True), "quant.moe.min_tokens": ("4", 4),
+    "calibration.spec": ("wikitext2", "wikitext2"), "calibration.num_samples": ("16", 16),
+    "calibration.seq_len": ("64", 64), "calibration.seed": ("3", 3), "calibration.cut": ("document", "document"),
+    "calibration.text_field": ("body", "body"), "calibration.min_tokens": ("8", 8),
 }
+RUN_ONLY = ("eval", "draft")  # read by `quantkit run` (evaluation, draft training), refused by quantize
 
 
-def leaf_fields(model: type[BaseModel], prefix: str = "") -> list[str]:
-    out = []
-    for name, info in model.model_fields.items():
-        path = f"{prefix}{name}"
-        sub = info.annotation
-        if isinstance(sub, type) and issubclass(sub, BaseModel):
-            out += leaf_fields(sub, path + ".")
-        else:
-            out.append(path)
-    return out
+def all_fields() -> list[str]:
+    return [f"{s}.{n}" if s else n for s, names in field_sections().items() for n in names]
 
 
-def test_every_recipe_field_has_a_quantize_flag():
-    fields = [f for f in leaf_fields(Recipe) if not any(f == k or f.startswith(k + ".") for k in NO_FLAG)]
-    missing = sorted(set(fields) - set(FLAG_FIELDS.values()))
-    assert not missing, f"recipe fields without a `quantkit quantize` flag: {missing}"
-    params = set(inspect.signature(quantize).parameters)
-    assert set(FLAG_FIELDS) <= params, f"FLAG_FIELDS names that are not options: {set(FLAG_FIELDS) - params}"
+@pytest.fixture
+def resolved(cli, monkeypatch):
+    """Run `quantkit quantize ARGS` up to the resolved recipe (quantising is tested elsewhere); its JSON form."""
+    import quantkit.cli.quantize_cmd as cmd
+    import quantkit.runtime.build as build
+
+    seen = {}
+    monkeypatch.setattr(cmd, "_run", lambda recipe, quiet, as_json: seen.setdefault("r", recipe))
+    monkeypatch.setattr(build, "resolve_device", lambda name: name)  # no GPU needed to name one
+
+    def run(*args):
+        seen.clear()
+        code, _, err = cli("quantize", *args)
+        assert code == 0, err
+        return json.loads(seen["r"].model_dump_json()), err
+
+    return run
 
 
-# flag, value as typed, field, value the resolved recipe should hold
-NEW_FLAGS = [
-    ("--awq-search-tokens", "512", "quant.awq.search_tokens", 512),
-    ("--no-awq-clip", None, "quant.awq.clip", False),
-    ("--no-static-groups", None, "quant.gptq.static_groups", False),
-    ("--awq-grid", "7", "quant.awq.grid", 7),
-    ("--seq-len", "64", "calibration.seq_len", 64),
+def _get(data: dict, field: str):
+    for part in field.split("."):
+        data = data[part]
+    return data
+
+
+def test_the_samples_cover_every_field_quantize_reads():
+    fields = {f for f in all_fields() if f.split(".")[0] not in RUN_ONLY}
+    assert set(SAMPLES) == fields, "add a sample value here for each new recipe field"
+
+
+@pytest.mark.parametrize("field", sorted(SAMPLES))
+def test_set_reaches_every_field(resolved, field):
+    typed, want = SAMPLES[field]
+    got, _ = resolved("--set", f"{field}={typed}")
+    assert _get(got, field) == want
+
+
+def test_help_lists_every_field_set_takes(cli):
+    code, out, _ = cli("quantize", "--help")
+    assert code == 0
+    text = re.sub(r"\s+", " ", out)
+    listed = {f"{m.group(1)}.{n.strip()}" if m.group(1) != "top level" else n.strip()
+              for m in re.finditer(r"(top level|[a-z_.]+): ((?:[a-z_]+, )*[a-z_]+)", text)
+              for n in m.group(2).split(",")}
+    assert {f for f in SAMPLES} <= listed
+    assert "Example:" in text and "--set" in text
+    options = re.findall(r"^\s*[│|]?\s*(--[a-z-]+)", out, re.M)
+    assert len(set(options)) <= 20, options
+
+
+def test_eval_and_draft_fields_are_for_run(cli, monkeypatch):
+    code, _, err = cli("quantize", "--set", "eval.data=wikitext2")
+    assert code == 2 and "quantkit run" in err and len(err.strip().splitlines()) == 1
+    import quantkit.recipe_run as recipe_run
+
+    seen = {}
+    monkeypatch.setattr(recipe_run, "run_recipe", lambda r, **kw: seen.setdefault("r", r) and {"gates": None})
+    code, _, err = cli("run", "ci-smoke", "--set", "eval.max_windows=3", "--set", "draft.steps=5", "--json")
+    assert code == 0, err
+    assert seen["r"].eval.max_windows == 3 and seen["r"].draft.steps == 5
+    code, out, _ = cli("run", "--help")
+    assert "eval: data" in re.sub(r"\s+", " ", out) and "draft: train" in re.sub(r"\s+", " ", out)
+
+
+def test_explicit_options_win_over_set(resolved):
+    got, _ = resolved("--set", "quant.group_size=32", "--group-size", "64", "--set", "calibration.seq_len=16")
+    assert got["quant"]["group_size"] == 64 and got["calibration"]["seq_len"] == 16
+
+
+# old spelling, value as typed, the field it sets, the value the resolved recipe should hold
+OLD_FLAGS = [
+    (["--awq-search-tokens", "512"], "quant.awq.search_tokens", 512),
+    (["--no-awq-clip"], "quant.awq.clip", False),
+    (["--no-static-groups"], "quant.gptq.static_groups", False),
+    (["--damp=0.05"], "quant.gptq.damp", 0.05),
+    (["--asym"], "quant.symmetric", False),
+    (["--actorder", "off"], "quant.gptq.actorder", "off"),
+    (["--awq-tolerance", "0.2"], "quant.awq.min_gain", 0.2),
+    (["--moe-calibrate-all"], "quant.moe.calibrate_all_experts", True),
 ]
 
 
-@pytest.mark.parametrize("flag,value,field,want", NEW_FLAGS)
-def test_flag_reaches_the_resolved_recipe(cli, tmp_path, monkeypatch, flag, value, field, want):
-    seen = {}
-    import quantkit.cli.quantize_cmd as cmd
+@pytest.mark.parametrize("args,field,want", OLD_FLAGS)
+def test_old_flags_still_work_and_print_their_set_form(resolved, args, field, want):
+    got, err = resolved("./model", *args)
+    assert _get(got, field) == want and got["model"] == "./model"
+    assert f"is now --set {field}=" in err
 
-    # stop at the resolved recipe: what the flag set is the point here, quantising is tested elsewhere
-    monkeypatch.setattr(cmd, "_run", lambda recipe, quiet, as_json: seen.setdefault("r", recipe))
-    args = ["quantize", "-o", tmp_path / "o", flag] + ([value] if value is not None else [])
-    code, _, err = cli(*args)
-    assert code == 0, err
-    got = json.loads(seen["r"].model_dump_json())
-    for part in field.split("."):
-        got = got[part]
-    assert got == want
+
+def test_removed_knobs_are_gone(cli):
+    code, _, err = cli("quantize", "--signround-keep-best")
+    assert code == 2
+    code, _, err = cli("quantize", "--set", "quant.signround.float_targets=true")
+    assert code == 2 and "float_targets" in err

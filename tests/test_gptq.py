@@ -46,7 +46,7 @@ def test_gptq_output_error_below_rtn_in_95_percent_of_trials():
         w = torch.randn(24, 64, generator=g)
         # rotate through the grids and orders, so the claim holds for each of them and not just one
         sch = scheme(4, sym=seed % 2 == 0, gs=[16, 32, -1][seed % 3])
-        actorder = [None, "weight", "group"][(seed // 2) % 3]
+        actorder = [None, "weight"][(seed // 2) % 2]
         qw = gptq_quantize(w, hessian(x), sch, actorder=actorder, block_size=16)
         rq = rtn_quantize(w, sch)
         wins += out_err(w, qw.dequantize(), x) < out_err(w, rq.dequantize(), x)
@@ -79,7 +79,7 @@ def _grid64(wg: torch.Tensor, bits: int, sym: bool, scale_dtype):
 def obq_reference(w, H, bits, sym, gs, actorder, static_groups, damp=0.01, scale_dtype=torch.float32):
     """GPTQ as the paper states it, one column at a time in float64: quantise column c, spread its error over the
     remaining columns through the inverse Hessian, then remove c from the inverse by a rank-1 downdate (OBQ).
-    No Cholesky, no blocks, no lazy updates. Returns codes, dequantised weights, scales, g_idx, tie margin."""
+    No Cholesky, no blocks, no lazy updates. Returns codes, dequantised weights, scales, tie margin."""
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
     W, H = w.double().clone(), H.double().clone()
     n = W.shape[1]
@@ -90,10 +90,7 @@ def obq_reference(w, H, bits, sym, gs, actorder, static_groups, damp=0.01, scale
     order = list(range(n))
     if actorder is not None:
         order = sorted(range(n), key=lambda c: -float(H[c, c]))
-    if actorder == "group":
-        group_of = {c: j // gs for j, c in enumerate(order)}
-    else:
-        group_of = {c: c // gs for c in range(n)}
+    group_of = {c: c // gs for c in range(n)}  # groups keep their original columns in every order
     members = {}
     for c in range(n):
         members.setdefault(group_of[c], []).append(c)
@@ -119,8 +116,7 @@ def obq_reference(w, H, bits, sym, gs, actorder, static_groups, damp=0.01, scale
         W[:, rest] -= torch.outer(err, Hinv[c, rest])
         Hinv = Hinv - torch.outer(Hinv[:, c], Hinv[c, :]) / Hinv[c, c]
     scales = torch.stack([params[g][0] for g in sorted(params)], 1)
-    g_idx = torch.tensor([group_of[c] for c in range(n)]) if actorder == "group" and n > gs else None
-    return codes, deq, scales, g_idx, float(min(margins))
+    return codes, deq, scales, float(min(margins))
 
 
 REFERENCE_CASES = [
@@ -129,8 +125,7 @@ REFERENCE_CASES = [
     (4, False, 8, None, True, 3, None),
     (8, True, -1, None, True, 6, None),
     (3, False, -1, None, True, 16, 5),
-    (4, True, 8, "group", True, 5, None),
-    (4, False, 4, "group", True, 7, 2),
+    (4, True, 8, "weight", True, 7, 2),
     (4, False, 4, "weight", True, 5, None),
     (4, True, 8, "weight", False, 3, None),
     (4, False, 8, "weight", False, 6, 11),
@@ -151,7 +146,7 @@ def test_matches_float64_obq_reference(bits, sym, gs, actorder, static, block, d
             x[:, dead] = 0
         w = torch.randn(8, 16, generator=g)
         H = hessian(x)
-        codes, deq, scales, g_idx, margin = obq_reference(w, H, bits, sym, gs, actorder, static,
+        codes, deq, scales, margin = obq_reference(w, H, bits, sym, gs, actorder, static,
                                                           scale_dtype=scale_dtype)
         if margin > 1e-4:
             break
@@ -163,10 +158,7 @@ def test_matches_float64_obq_reference(bits, sym, gs, actorder, static, block, d
     # float32 noise of the updated weights they were computed from): 1e-5 relative is 100x that.
     torch.testing.assert_close(qw.scale.double(), scales, rtol=1e-5, atol=0)
     torch.testing.assert_close(qw.dequantize().double(), deq, rtol=1e-5, atol=1e-7)
-    if g_idx is None:
-        assert qw.g_idx is None
-    else:
-        assert torch.equal(qw.g_idx.long(), g_idx)
+    assert qw.g_idx is None
     if dead is not None:
         assert qw.stats["dead_channels"] == 1
         assert (qw.dequantize()[:, dead] == 0).all()
@@ -184,32 +176,21 @@ def _checkpoint_dequant(qw) -> torch.Tensor:
                                 in_features=qw.q.shape[1])
 
 
-@pytest.mark.parametrize("actorder", ["weight", "group"])
 @pytest.mark.parametrize("sym", [True, False])
-def test_actorder_checkpoint_matches_solver_weights(actorder, sym):
+def test_actorder_checkpoint_matches_solver_weights(sym):
     g = torch.Generator().manual_seed(7)
     x = correlated_inputs(g, 512, 128)
     w = torch.randn(32, 128, generator=g)
     H = hessian(x)
     sch = scheme(4, sym, 32)
-    qw = gptq_quantize(w, H, sch, actorder=actorder, block_size=48)
+    qw = gptq_quantize(w, H, sch, actorder="weight", block_size=48)
     deq = qw.dequantize()
     # the same result without the act-order permutation is a different quantisation: the order really changed
     assert not torch.equal(qw.q, gptq_quantize(w, H, sch, block_size=48).q)
     assert torch.equal(_checkpoint_dequant(qw), deq)
-    assert qw.scheme.actorder == actorder
-    perm = torch.argsort(H.diagonal(), descending=True, stable=True)
-    if actorder == "weight":
-        assert qw.g_idx is None
-        # static groups: scales are RTN's on the original weights, column i stays in group i // 32
-        rq = rtn_quantize(w, sch, scale_dtype=torch.float16)
-        assert torch.equal(qw.scale, rq.scale)
-    else:
-        expected = torch.empty(128, dtype=torch.long)
-        expected[perm] = torch.arange(128) // 32
-        assert torch.equal(qw.g_idx.long(), expected)
-        assert qw.g_idx.dtype == torch.int32
-        assert torch.bincount(qw.g_idx.long()).tolist() == [32] * 4
+    assert qw.scheme.actorder == "weight" and qw.g_idx is None
+    # static groups: scales are RTN's on the original weights, column i stays in group i // 32
+    assert torch.equal(qw.scale, rtn_quantize(w, sch, scale_dtype=torch.float16).scale)
     # all of it is in original column order: the output error is measured against the original, unpermuted w
     assert out_err(w, deq, x) < out_err(w, rtn_quantize(w, sch).dequantize(), x)
     rel = out_err(w, deq, x) / float((w.double() @ x.double().t()).pow(2).sum())
@@ -256,14 +237,16 @@ def test_solver_takes_actorder_from_options_or_scheme():
     g = torch.Generator().manual_seed(4)
     x = correlated_inputs(g, 128, 32)
     w = torch.randn(8, 32, generator=g)
-    for opts, sch, expect in [({"actorder": "group"}, scheme(4, True, 8), "group"),
+    for opts, sch, expect in [({"actorder": "weight"}, scheme(4, True, 8), "weight"),
                               ({"actorder": "off"}, scheme(4, True, 8, actorder="weight"), "weight"),
                               ({}, scheme(4, True, 8), None)]:
         solver = GPTQSolver("l", w, sch, opts)
         solver.add_batch(x)
         qw = solver.solve()
         assert qw.stats["actorder"] == expect and qw.scheme.actorder == expect
-        assert (qw.g_idx is not None) == (expect == "group")
+        assert qw.g_idx is None
+    with pytest.raises(UserError, match="choose off or weight"):
+        GPTQSolver("l", w, scheme(4, True, 8), {"actorder": "group"}).solve()
 
 
 def test_clip_search_option_lowers_or_keeps_error():
@@ -305,7 +288,7 @@ def test_hopeless_hessian_falls_back_to_rtn_with_warning_naming_layer():
     H = _indefinite_hessian(n, ev, 1)
     w = torch.randn(8, n, generator=torch.Generator().manual_seed(2))
     with pytest.warns(RuntimeWarning, match="layers.3.k_proj"):
-        qw = gptq_quantize(w, H, scheme(4, False, 8), name="layers.3.k_proj", actorder="group")
+        qw = gptq_quantize(w, H, scheme(4, False, 8), name="layers.3.k_proj", actorder="weight")
     assert qw.stats["fallback"] == "rtn"
     rq = rtn_quantize(w, scheme(4, False, 8))
     assert torch.equal(qw.q, rq.q) and torch.equal(qw.scale, rq.scale) and qw.g_idx is None
@@ -318,7 +301,7 @@ def test_dead_channels_are_zeroed_and_do_not_hurt():
     w = torch.randn(16, 64, generator=g)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # dead channels are expected, not a reason to warn or fall back
-        qw = gptq_quantize(w, hessian(x), scheme(4, True, 16), actorder="group")
+        qw = gptq_quantize(w, hessian(x), scheme(4, True, 16), actorder="weight")
     assert qw.stats["dead_channels"] == 3 and qw.stats["damp"] == 0.01
     assert (qw.q[:, [0, 17, 40]] == 0).all()
     assert out_err(w, qw.dequantize(), x) < out_err(w, rtn_quantize(w, scheme(4, True, 16)).dequantize(), x)

@@ -10,7 +10,7 @@ from quantkit.inspect_ckpt import solver_summary
 def test_inspect_json_and_table(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
     assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "w4", "--quiet", "--group-size", "64")[0] == 0
-    assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "w8", "--quiet", "--scheme", "w8a16", "--asym")[0] == 0
+    assert cli("quantize", "--method", "rtn", src, "-o", tmp_path / "w8", "--quiet", "--scheme", "w8a16", "--set", "quant.symmetric=false")[0] == 0
     code, out, _ = cli("inspect", tmp_path / "w4", "--json")
     assert code == 0
     info = json.loads(out)
@@ -39,7 +39,7 @@ def test_inspect_shows_what_each_method_did(tmp_path, cli, monkeypatch):
     src = make_tiny_model(tmp_path / "src", "llama")
     tiny_tokenizer().save_pretrained(src)
     calib = ["--calib", SAMPLE, "--num-samples", "5", "--seq-len", "32", "--group-size", "32", "-q"]
-    runs = {"gptq": [], "awq": ["--awq-grid", "4"], "signround": ["--signround-iters", "2"]}
+    runs = {"gptq": [], "awq": ["--set", "quant.awq.grid=4"], "signround": ["--set", "quant.signround.iters=2"]}
     for method, extra in runs.items():
         assert cli("quantize", src, "-o", tmp_path / method, "--method", method, *calib, *extra)[0] == 0
     rows = {m: json.loads(cli("inspect", tmp_path / m, "--json")[1])["layers"] for m in runs}
@@ -58,6 +58,6 @@ def test_inspect_shows_what_each_method_did(tmp_path, cli, monkeypatch):
     assert code == 0 and "solver" in out and ("gptq act-order" in out or "guard chose" in out)
     assert "full-range grid on" in out
     # the plain grid leaves no such mark
-    assert cli("quantize", src, "-o", tmp_path / "plain", "--method", "rtn", "--no-full-range", "-q")[0] == 0
+    assert cli("quantize", src, "-o", tmp_path / "plain", "--method", "rtn", "--set", "quant.full_range=false", "-q")[0] == 0
     plain = json.loads(cli("inspect", tmp_path / "plain", "--json")[1])["layers"]
     assert all("grid" not in r["solver"] for r in plain)

@@ -135,7 +135,7 @@ def test_values_beyond_the_calibrated_range_saturate_instead_of_nan():
 
 def test_missing_or_bad_scales_are_user_errors():
     plain = tiny_llama(vocab_size=256, hidden=64, layers=2)
-    with pytest.raises(UserError, match="--kv-cache fp8"):
+    with pytest.raises(UserError, match="--set quant.kv_cache=fp8"):
         FP8KVCache.from_model(plain)
     with pytest.raises(UserError, match="positive"):
         FP8KVCache([torch.tensor(0.0)], [torch.tensor(1.0)])

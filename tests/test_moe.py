@@ -131,7 +131,7 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
     from quantkit.plan import build_plan
     from quantkit.recipe import Recipe
 
-    calib = ["--method", "gptq", "--calib", SAMPLE, "--num-samples", "8", "--seq-len", "32", "--moe-min-tokens", "0"]
+    calib = ["--method", "gptq", "--calib", SAMPLE, "--num-samples", "8", "--seq-len", "32", "--set", "quant.moe.min_tokens=0"]
     src, out = _quantize(cli, tmp_path, "qwen3_moe", *calib)
     code, stdout, err = cli("quantize", src, "-o", tmp_path / "again", "--group-size", "32", *calib, "--json")
     assert code == 0, err
@@ -164,11 +164,11 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
 
 def test_calibrate_all_and_the_rtn_fallback(tmp_path, cli):
     calib = ["--method", "gptq", "--calib", SAMPLE, "--num-samples", "2", "--seq-len", "16"]
-    _, out = _quantize(cli, tmp_path, "qwen3_moe", *calib, "--moe-calibrate-all")
+    _, out = _quantize(cli, tmp_path, "qwen3_moe", *calib, "--set", "quant.moe.calibrate_all_experts=true")
     layers = json.loads((out / "quantkit.json").read_text())["layers"]
     fed = {s["calibration_tokens"] for n, s in layers.items() if ".experts." in n}
     assert fed == {2 * 16}  # every expert saw every token
-    _, out2 = _quantize(cli, tmp_path / "b", "qwen3_moe", *calib, "--moe-min-tokens", "1000")
+    _, out2 = _quantize(cli, tmp_path / "b", "qwen3_moe", *calib, "--set", "quant.moe.min_tokens=1000")
     meta = json.loads((out2 / "quantkit.json").read_text())
     fallback = meta["moe"]["rtn_fallback"]
     assert len(fallback) == 2 * 8 * 3 and all("rtn" in v for v in fallback.values())
@@ -228,7 +228,7 @@ def test_unknown_fused_parameter_is_counted(tmp_path):
 @pytest.mark.parametrize("method,scheme", [("awq", "w4a16"), ("awq+gptq", "w4a16"), ("gptq", "fp8-dynamic")])
 def test_every_method_quantises_every_expert(tmp_path, cli, method, scheme):
     """AWQ scales the shared expert and each expert's down (the router takes the norm's scale in float)."""
-    calib = ["--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32", "--awq-grid", "5"]
+    calib = ["--calib", SAMPLE, "--num-samples", "4", "--seq-len", "32", "--set", "quant.awq.grid=5"]
     src, out = _quantize(cli, tmp_path, "qwen2_moe", "--method", method, "--scheme", scheme, *calib)
     keys = _keys(out)
     stored = ".weight_packed" if scheme == "w4a16" else ".weight_scale"

@@ -213,7 +213,7 @@ def test_actorder_group_is_refused_with_the_fix(cli, tmp_path):
 
     with pytest.raises(RecipeError, match=r"r.yaml:4: quant.gptq.actorder: .*refuse.*use 'weight'"):
         parse_recipe("quant:\n  method: gptq\n  gptq:\n    actorder: group\n", "r.yaml")
-    code, _, err = cli("quantize", "-o", tmp_path / "o", "--method", "gptq", "--actorder", "group")
+    code, _, err = cli("quantize", "-o", tmp_path / "o", "--method", "gptq", "--set", "quant.gptq.actorder=group")
     assert code == 2 and "use 'weight'" in err and len(err.strip().splitlines()) == 1
     assert parse_recipe("quant:\n  gptq:\n    actorder: weight\n").quant.gptq.actorder == "weight"
 
@@ -255,7 +255,7 @@ def test_fp8_gptq_keeps_column_order_under_the_default():
     assert fp8.options["actorder"] is None and integer.options["actorder"] == "weight"
 
 
-def test_guards_and_awq_tolerance_default_to_the_measured_settings():
+def test_guards_and_awq_min_gain_default_to_the_measured_settings():
     """docs/benchmarks.md, "Across domains": AWQ keeps the mildest alpha within 5% of the best and checks its
     choices on 20% of the samples; GPTQ checks act-order and itself against RTN on 10%; each can be turned off."""
     from quantkit.plan import build_plan, solver_options
@@ -263,7 +263,20 @@ def test_guards_and_awq_tolerance_default_to_the_measured_settings():
     from helpers import tiny_model
 
     q = Recipe().quant
-    assert (q.awq.tolerance, q.awq.holdout, q.gptq.holdout) == (0.1, 0.2, 0.1)
-    r = apply_overrides(Recipe(), {"quant.method": "awq+gptq", "quant.gptq.holdout": 0, "quant.awq.tolerance": 0})
+    assert (q.awq.min_gain, q.awq.holdout, q.gptq.holdout) == (0.1, 0.2, 0.1)
+    r = apply_overrides(Recipe(), {"quant.method": "awq+gptq", "quant.gptq.holdout": 0, "quant.awq.min_gain": 0})
     plan = build_plan(tiny_model("llama"), r)
-    assert plan.awq["tolerance"] == 0 and solver_options(r, plan.storage_dtype)["holdout"] == 0
+    assert plan.awq["min_gain"] == 0 and solver_options(r, plan.storage_dtype)["holdout"] == 0
+
+
+def test_awq_tolerance_is_an_old_name_for_min_gain(tmp_path):
+    """Recipes written before the rename keep their meaning, with a warning naming the new key."""
+    from quantkit.recipe import Recipe, apply_overrides, load_recipe
+
+    path = tmp_path / "old.yaml"
+    path.write_text("quant:\n  awq:\n    tolerance: 0.05\n", encoding="utf-8")
+    with pytest.warns(FutureWarning, match="quant.awq.min_gain"):
+        assert load_recipe(path).quant.awq.min_gain == 0.05
+    with pytest.warns(FutureWarning, match="quant.awq.min_gain"):
+        assert apply_overrides(Recipe(), {"quant.awq.tolerance": 0.3}).quant.awq.min_gain == 0.3
+    assert "tolerance" not in Recipe().quant.awq.model_dump()

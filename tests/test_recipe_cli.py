@@ -106,7 +106,7 @@ def test_quantkit_json_fills_in_the_group_size_the_run_chose(cli, tmp_path):
     # and a flag wins over the file's value
     recipe.write_text("quant:\n  scheme: w4a16\n  group_size: 64\n  symmetric: true\n")
     code, _, err = cli("quantize", tmp_path / "src", "--recipe", recipe, "-o", tmp_path / "out2", "--quiet", "--method", "rtn",
-                       "--group-size", "32", "--asym")
+                       "--group-size", "32", "--set", "quant.symmetric=false")
     assert code == 0, err
     q = json.loads((tmp_path / "out2" / "quantkit.json").read_text())["recipe"]["quant"]
     assert (q["group_size"], q["symmetric"]) == (32, False)

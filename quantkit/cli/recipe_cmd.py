@@ -6,6 +6,7 @@ from typing import Optional
 import typer
 
 from .common import app, console, emit_json
+from .set_option import SET_HELP, fields_help, parse_set
 
 recipe_app = typer.Typer(name="recipe", no_args_is_help=True,
                          help="Check, print and list recipes (YAML files describing a quantisation run).")
@@ -90,32 +91,14 @@ def list_presets(as_json: bool = typer.Option(False, "--json", help="Print names
     Console().print(t)
 
 
-def parse_set(items: list[str]) -> dict:
-    """--set quant.group_size=64 -> {'quant.group_size': 64}; values are YAML (numbers, true/false, lists)."""
-    import yaml
-
-    from ..errors import UserError
-
-    out = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
-            raise UserError(f"--set '{item}': expected FIELD=VALUE, e.g. --set quant.group_size=64")
-        try:
-            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            out[key.strip()] = raw
-    return out
-
-
-@app.command("run")
+@app.command("run", epilog=fields_help())
 def run(
     recipe: str = typer.Argument(..., help="Recipe YAML file or preset name (see `quantkit recipe list`)."),
     model: Optional[str] = typer.Option(None, "--model", help="Override the recipe's model (folder or hub id)."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Override the recipe's output folder."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty output folder."),
     set_: Optional[list[str]] = typer.Option(
-        None, "--set", help="Override any field: --set quant.group_size=64 (repeatable)."),
+        None, "--set", help=SET_HELP),
     skip_eval: bool = typer.Option(False, "--skip-eval", help="Quantise only, even if the recipe has eval."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),

@@ -24,9 +24,6 @@ class _Stop(Exception):
 class LayerInputs:
     hidden: list[torch.Tensor]  # one [1, T, H] per sample
     kwargs: list[dict]  # the keyword arguments the model passed to the layer, per sample
-    # this layer's output in the unquantised model (its float inputs through its float weights), per sample;
-    # kept only when a transform asks for it (learned rounding's targets), else None
-    float_out: list[torch.Tensor] | None = None
 
 
 def _to(obj, device):

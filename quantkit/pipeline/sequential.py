@@ -129,16 +129,12 @@ def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, 
     if on_device:
         _to_device(model, layers_name, device)
     inputs = capture.first_layer_inputs(model, layers, samples, device)
-    # the unquantised model's activations, run beside the quantised ones for transforms that fit a layer to them
-    float_in = inputs.hidden if any(t.float_targets for t in transforms) else None
     for i, layer in enumerate(layers):
         where = f"{layers_name}.{i}"
         stream.load(i)
         if on_device:
             layer.to(device)
         capture.check_finite(inputs.hidden, f"the input of {where}")
-        if float_in is not None:  # before any transform or solver has touched the layer's weights
-            inputs.float_out = float_in = capture.run_layer(layer, capture.LayerInputs(float_in, inputs.kwargs))
         targets = {m: (names_of[m], plan.schemes[names_of[m]]) for m in layer.modules()
                    if names_of.get(m) in plan.schemes}
         for t in transforms:
@@ -198,6 +194,7 @@ def _expert_solver(mod, solver: LinearSolver, tokens: int, owner, name: str, sol
     fallback = solve.make(name, "rtn")
     if fallback.needs_data:
         raise UserError(f"{name} saw {tokens} calibration tokens and its scheme needs calibrated input scales; "
-                        "pass --moe-calibrate-all (every expert sees every token) or more --num-samples")
+                        "pass --set quant.moe.calibrate_all_experts=true (every expert sees every token) or "
+                        "more --num-samples")
     stats["fallback"] = f"rtn (fewer than {solve.plan.moe['min_tokens']} calibration tokens)"
     return fallback

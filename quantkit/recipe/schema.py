@@ -5,6 +5,7 @@ are the user documentation: docs/recipes.md is generated from them (python -m qu
 """
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -63,6 +64,8 @@ class GPTQOptions(_Strict):
     @field_validator("actorder", mode="before")
     @classmethod
     def _no_group_actorder(cls, v):
+        if v is False:  # YAML 1.1 reads a bare `off` as false, in recipe files and in --set alike
+            return "off"
         if v == "group":
             # the 'key' in ctx lets the error reporter point at this key's own line
             raise PydanticCustomError(
@@ -83,14 +86,25 @@ class AWQOptions(_Strict):
         "error", description="What to do with an architecture that has no AWQ map.")
     # 0.1: on the full-range grid, across three calibration sources x three held-out texts (bench/cross_domain.py),
     # it beat 0.05 and 0.2 on the mean and the worst text, alone and under GPTQ (docs/benchmarks.md)
-    tolerance: float = Field(0.1, ge=0, lt=1, description="Keep the mildest alpha whose block error is within "
-                             "this share of the best one (0: the best).")
+    min_gain: float = Field(0.1, ge=0, lt=1, description="Least share by which a stronger scaling must lower the "
+                            "block error against every milder one, no scaling (alpha 0) included; the mildest "
+                            "alpha within this share of the best is kept (0: the best). Formerly 'tolerance'.")
     holdout: float = Field(0.2, ge=0, lt=1, description="Share of calibration samples kept out of the search "
                            "to check its choices: a scale or clip that loses to plain RTN there is dropped (0: off).")
     clip_prior_tokens: int = Field(2048, ge=0, description="The clip search drops prior / (prior + tokens) of "
                                    "each Gram block's off-diagonal part, tokens being those it was measured on: "
                                    "a few thousand tokens of one domain do not fit the clip to that domain's "
                                    "channel correlations (0: the Gram as measured).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_tolerance(cls, data):
+        # 'tolerance' hid what the knob does; recipes written with it keep working for one release
+        if isinstance(data, dict) and "tolerance" in data:
+            warnings.warn("quant.awq.tolerance is now quant.awq.min_gain (same meaning); rename it",
+                          FutureWarning, stacklevel=2)
+            data = {k: v for k, v in data.items() if k != "tolerance"} | {"min_gain": data["tolerance"]}
+        return data
 
 
 class SignRoundOptions(_Strict):
@@ -104,11 +118,6 @@ class SignRoundOptions(_Strict):
     holdout: float = Field(0.125, ge=0, lt=1, description="Share of the calibration samples kept out of the "
                                                         "descent; a layer whose learned rounding loses to RTN "
                                                         "on them is rounded (RTN) instead.")
-    float_targets: bool = Field(False, description="Fit each layer's output to the unquantised model's (as "
-                                "AutoRound does) rather than to its float output on the quantised model's inputs; "
-                                "measured no better on SmolLM2-135M (docs/benchmarks.md).")
-    keep_best: bool = Field(False, description="End on the step whose batch loss was lowest (AutoRound's rule) "
-                            "instead of the last step.")
 
 
 class TargetOverride(_WithGroupSize):

@@ -27,7 +27,7 @@ class FP8Layer(DynamicLayer):
         self.v_scale = torch.as_tensor(v_scale, dtype=torch.float32).reshape(())
         if not (self.k_scale > 0 and self.v_scale > 0 and torch.isfinite(self.k_scale) and torch.isfinite(self.v_scale)):
             raise UserError(f"FP8 KV scales must be positive and finite, got k={float(self.k_scale)}, "
-                            f"v={float(self.v_scale)}; re-run quantkit quantize --kv-cache fp8")
+                            f"v={float(self.v_scale)}; re-run quantkit quantize --set quant.kv_cache=fp8")
         self.dtype = None
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -78,7 +78,7 @@ class FP8KVCache(Cache):
         missing = [i for i in range(n) if i not in scales]
         if missing:
             raise UserError(f"decoder layer {missing[0]} has no k_scale/v_scale ({len(missing)} of {n} lack them); "
-                            "quantise with --kv-cache fp8 to use the FP8 KV cache")
+                            "quantise with --set quant.kv_cache=fp8 to use the FP8 KV cache")
         ks = [scales[i][0] for i in range(n)]
         vs = [scales[i][1] for i in range(n)]
         return cls(ks, vs)

@@ -62,12 +62,13 @@ def weight_profile(weights: list[torch.Tensor], gs: int) -> torch.Tensor:
     return wg.reshape(out, n_in).mean(0)
 
 
-def pick_alpha(error, candidates, keep_baseline: bool = True, tolerance: float = 0.0):
+def pick_alpha(error, candidates, keep_baseline: bool = True, min_gain: float = 0.0):
     """(alpha, s, error, baseline error) of the best (alpha, s) candidate by error(s); alpha None when no
     candidate beats s = 1 (keep_baseline), else the best candidate even when it does not.
 
-    tolerance > 0: the first candidate (the mildest scaling, candidates ascend in alpha) whose error is within
-    that share of the best; a gain smaller than that on calibration text is more likely fitted to it."""
+    min_gain > 0: the first candidate (the mildest scaling, candidates ascend in alpha) whose error is within
+    that share of the best: a stronger scaling must gain more than min_gain over every milder one, and a gain
+    smaller than that on calibration text is more likely fitted to it."""
     first = candidates[0][1]
     base = error(torch.ones_like(first))
     scored = [(error(s), alpha, s) for alpha, s in candidates if torch.isfinite(s).all()]
@@ -75,8 +76,8 @@ def pick_alpha(error, candidates, keep_baseline: bool = True, tolerance: float =
     for e, alpha, s in scored:
         if e < best[0] or (best[1] is None and e <= best[0]):  # alpha 0 ties the baseline: record it
             best = (e, alpha, s)
-    if tolerance > 0 and best[1] is not None:
-        best = next(c for c in scored if c[0] <= best[0] * (1 + tolerance))
+    if min_gain > 0 and best[1] is not None:
+        best = next(c for c in scored if c[0] <= best[0] * (1 + min_gain))
     e, alpha, s = best
     return (None if alpha is None else round(alpha, 4)), s, e, base
 
@@ -90,7 +91,7 @@ class AWQTransform(LayerTransform):
         self.grid = int(options.get("grid", 20))
         self.duo = bool(options.get("duo", False))
         self.clip = bool(options.get("clip", True))
-        self.tolerance = float(options.get("tolerance", 0.0))
+        self.min_gain = float(options.get("min_gain", 0.0))
         self.search_tokens = int(options.get("search_tokens", SEARCH_TOKENS))
         # share of calibration samples kept out of the search to check its choices (awq_guard.py); 0: no guard
         self.holdout = float(options.get("holdout", 0.0))
@@ -104,9 +105,9 @@ class AWQTransform(LayerTransform):
             mapped = ", ".join(mapped_architectures())
             if options.get("fallback", "error") != "rtn":
                 raise UserError(f"AWQ has no scaling map for model type '{self.model_type}' (mapped: {mapped}); "
-                                "use --method rtn or gptq, or --awq-fallback rtn to quantise it without AWQ scaling")
+                                "use --method rtn or gptq, or --set quant.awq.fallback=rtn to quantise it without AWQ scaling")
             warnings.warn(f"AWQ has no scaling map for model type '{self.model_type}' (mapped: {mapped}); "
-                          "its Linears are quantised without AWQ scaling or clipping (--awq-fallback rtn)",
+                          "its Linears are quantised without AWQ scaling or clipping (quant.awq.fallback rtn)",
                           stacklevel=2)
 
     def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:
@@ -179,7 +180,7 @@ class AWQTransform(LayerTransform):
         gs = group_width(next(iter(quantised.values())), next(iter(linears.values())).weight.shape[-1])
         w_mean = weight_profile([originals[n] for n in quantised], gs) if self.duo else None
         return pick_alpha(error, [(a, normalised_scales(data.x_mean, w_mean, a))
-                                  for a in torch.linspace(0, 1, self.grid).tolist()], tolerance=self.tolerance)
+                                  for a in torch.linspace(0, 1, self.grid).tolist()], min_gain=self.min_gain)
 
     @torch.no_grad()
     def _clip(self, layer, inputs, hold, by_rel: dict, stats: dict) -> None:

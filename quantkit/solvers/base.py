@@ -70,12 +70,7 @@ class LayerTransform:
     apply() receives the layer, its calibration inputs (capture.LayerInputs) and {module: (name, Scheme)} of
     the layer's targeted Linears; it may modify the layer's float weights in place (keeping the float function
     unchanged) and returns {"stats": {linear_name: {...}}, "tensors": {checkpoint_key: tensor}}.
-
-    float_targets: the pipeline also runs the unquantised model beside the quantised one and hands each layer's
-    float output over as inputs.float_out.
     """
-
-    float_targets = False
 
     def __init__(self, model, options: dict):
         self.model = model

@@ -104,7 +104,7 @@ class FP4Grid:
         self.codes_t[pos] = v
         return v * eff
 
-    def result(self, inv: torch.Tensor, deq: torch.Tensor, g_idx, stats: dict, actorder) -> QWeight:
+    def result(self, inv: torch.Tensor, deq: torch.Tensor, stats: dict, actorder) -> QWeight:
         g = None if self.global_scale is None else self.global_scale.cpu()
         return QWeight(scheme=self.scheme, q=self.codes_t[inv].t().contiguous(), scale=self.scale_t.t().contiguous(),
                        global_scale=g, stats=stats)

@@ -37,18 +37,14 @@ from .rtn import rtn_quantize
 
 log = logging.getLogger(__name__)
 
-ACTORDERS = (None, "weight", "group")
-
-
 def normalise_actorder(value) -> str | None:
-    """The CLI says off/weight/group; recipes may say null, false or true (true means "group", as elsewhere)."""
+    """off (None, false, 'off', 'none') or 'weight'; 'group' is refused: its g_idx layout no longer loads in
+    vLLM or compressed-tensors (the recipe schema says so to the user first)."""
     if value is None or value is False or (isinstance(value, str) and value.lower() in ("off", "none", "")):
         return None
-    if value is True:
-        return "group"
-    if isinstance(value, str) and value.lower() in ("weight", "group"):
-        return value.lower()
-    raise UserError(f"unknown actorder '{value}'; choose one of: off, weight, group")
+    if isinstance(value, str) and value.lower() == "weight":
+        return "weight"
+    raise UserError(f"unknown actorder '{value}'; choose off or weight")
 
 
 def _check_finite(t: torch.Tensor, what: str, name: str) -> None:
@@ -84,14 +80,9 @@ def _order(H: torch.Tensor, actorder: str | None, gs: int) -> _Order:
         # Columns with the largest inputs first: their errors then land on the many columns still free to absorb them.
         perm = torch.argsort(H.diagonal(), descending=True, stable=True)
     inv = torch.argsort(perm)
-    groups = n // gs
-    if actorder == "weight":  # groups keep their original columns, wherever those are processed
-        gid = perm // gs
-        members = [torch.sort(inv[g * gs:(g + 1) * gs]).values for g in range(groups)]
-    else:
-        gid = torch.arange(n, device=H.device) // gs
-        members = [torch.arange(g * gs, (g + 1) * gs, device=H.device) for g in range(groups)]
-    return _Order(perm, inv, gid.tolist(), members)
+    # groups keep their original columns wherever those are processed, so no g_idx is ever written
+    members = [torch.sort(inv[g * gs:(g + 1) * gs]).values for g in range(n // gs)]
+    return _Order(perm, inv, (perm // gs).tolist(), members)
 
 
 def _check_inputs(w, H, scheme: Scheme, block_size: int, name: str) -> int:
@@ -147,7 +138,6 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
     deq_t, err_sq = _column_loop(W.t().contiguous(), U, grid, order, [static] * (n // gs), Hp.diagonal(),
                                  block_size)
     deq = deq_t[order.inv].t()
-    g_idx = (order.inv // gs).to(torch.int32) if actorder == "group" and n // gs > 1 else None
     stats = {
         "damp": used,
         "output_rel_error": output_error_from_updates(err_sq, used * float(Hp.diagonal().mean()), w0, deq, dead,
@@ -158,7 +148,7 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
         "fallback": None,
         "seconds": time.perf_counter() - t0,
     }
-    return grid.result(order.inv, deq, g_idx, stats, actorder)
+    return grid.result(order.inv, deq, stats, actorder)
 
 
 def _fallback(w0, H0, scheme, clip_search, scale_dtype, used, n_dead, name, t0) -> QWeight:
@@ -216,7 +206,7 @@ def _current_rows(Wt, E1, U, i1: int, i2: int, i: int, cols: torch.Tensor) -> to
 class GPTQSolver(LinearSolver):
     """Accumulates H = 2 X Xᵀ / n over every calibration token (a running mean, one matmul per batch), then solves.
 
-    options: damp, block_size, actorder (None/"off" | "weight" | "group"; falls back to scheme.actorder),
+    options: damp, block_size, actorder (None/"off" | "weight"; falls back to scheme.actorder),
     static_groups, scale_dtype, clip_search, holdout (share of samples the pipeline sends to add_holdout
     instead: they judge the solve, gptq_guard.py). balance_tokens: every token enters H at unit RMS (base.py:
     unit_rms); on SmolLM2 it took GPTQ from 33/11/35% of the RTN gap on three held-out texts to 70/50/57%.

@@ -53,11 +53,11 @@ class IntGrid:
         self.codes_t[pos] = qc[:, 0]
         return dequantize_groups(qc, s, z)[:, 0]
 
-    def result(self, inv: torch.Tensor, deq: torch.Tensor, g_idx, stats: dict, actorder) -> QWeight:
+    def result(self, inv: torch.Tensor, deq: torch.Tensor, stats: dict, actorder) -> QWeight:
         codes = self.codes_t[inv].t()
         zero = None if self.zero_t is None else self.zero_t.t().to(torch.int8)
         return QWeight(scheme=replace(self.scheme, actorder=actorder), q=codes.to(torch.int8),
-                       scale=self.scale_t.t().contiguous(), zero=zero, g_idx=g_idx, stats=stats)
+                       scale=self.scale_t.t().contiguous(), zero=zero, stats=stats)
 
 
 class FP8Grid:
@@ -72,6 +72,6 @@ class FP8Grid:
     def round(self, pos: int, row: torch.Tensor, g: int) -> torch.Tensor:
         return e4m3.fake_quantize(row, self.scale_t[g])  # the codes are recovered from deq at the end, exactly
 
-    def result(self, inv: torch.Tensor, deq: torch.Tensor, g_idx, stats: dict, actorder) -> QWeight:
+    def result(self, inv: torch.Tensor, deq: torch.Tensor, stats: dict, actorder) -> QWeight:
         # deq / scale is an e4m3 value by construction, so quantising it again is exact
         return QWeight(scheme=self.scheme, q=e4m3.quantize(deq, self.scale), scale=self.scale, stats=stats)

@@ -51,7 +51,7 @@ class ScaleRecorder(Cache):
         if (layer_idx >= len(self.layers) or not isinstance(self.layers[layer_idx], _ScaleLayer)
                 or self.layers[layer_idx].k_stats is None):
             raise UserError(f"decoder layer {layer_idx} never wrote to its KV cache during calibration, so it "
-                            "has no FP8 KV scale; this architecture is not supported by --kv-cache fp8")
+                            "has no FP8 KV scale; this architecture is not supported by quant.kv_cache fp8")
         layer = self.layers[layer_idx]
         return layer.k_stats, layer.v_stats
 
@@ -63,7 +63,7 @@ def cache_kwarg(module: nn.Module) -> str:
         if name in params:
             return name
     raise UserError(f"{type(module).__name__} takes no KV cache argument, so FP8 KV scales cannot be calibrated; "
-                    "drop --kv-cache fp8")
+                    "drop quant.kv_cache fp8")
 
 
 def attention_of(layer: nn.Module) -> tuple[str, nn.Module]:
@@ -71,7 +71,7 @@ def attention_of(layer: nn.Module) -> tuple[str, nn.Module]:
     for name, mod in layer.named_modules():
         if name and hasattr(mod, "layer_idx") and type(mod).__name__.endswith("Attention"):
             return name, mod
-    raise UserError(f"cannot find the attention module of {type(layer).__name__}; --kv-cache fp8 supports "
+    raise UserError(f"cannot find the attention module of {type(layer).__name__}; quant.kv_cache fp8 supports "
                     "llama-style decoder layers")
 
 

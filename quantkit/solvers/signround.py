@@ -51,14 +51,13 @@ def _same(a, b) -> bool:
 
 
 class _Block:
-    """A float32, frozen copy of one decoder layer run with substituted weights; the targets it must hit.
+    """A float32, frozen copy of one decoder layer run with substituted weights; the targets it must hit: the
+    layer's float output on its own (quantised model's) inputs. Fitting the unquantised model's output instead
+    (AutoRound's choice) measured no better on SmolLM2-135M (docs/benchmarks.md) and needs a second float
+    stream. When every sample has the same length and the same layer arguments (positions, mask), a step's
+    samples go through the layer as one batch."""
 
-    targets: the float model's output of this layer (AutoRound's choice: the learned rounding also corrects
-    what the earlier quantised layers changed in its inputs), else the layer's float output on its own inputs.
-    When every sample has the same length and the same layer arguments (positions, mask), a step's samples go
-    through the layer as one batch."""
-
-    def __init__(self, layer, inputs, paths: list[str], targets: list | None = None):
+    def __init__(self, layer, inputs, paths: list[str]):
         self.work = copy.deepcopy(layer).float()
         for p in self.work.parameters():
             p.requires_grad_(False)
@@ -68,8 +67,7 @@ class _Block:
         self.batchable = all(h.shape == self.hidden[0].shape and h.shape[0] == 1 for h in self.hidden) and \
             all(_same(kw, self.kwargs[0]) for kw in self.kwargs[1:])
         with torch.no_grad():
-            refs = targets if targets is not None else [_first(self.work(h, **kw)) for h, kw in
-                                                         zip(self.hidden, self.kwargs)]
+            refs = [_first(self.work(h, **kw)) for h, kw in zip(self.hidden, self.kwargs)]
             self.refs = [r.float().detach() for r in refs]
 
     def loss(self, idx: list[int], weights: dict) -> torch.Tensor:
@@ -94,15 +92,12 @@ def split_samples(n: int, holdout: float) -> tuple[list[int], list[int]]:
 
 
 def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr: float, batch: int,
-                 seed: int = 0, keep_best: bool = False) -> None:
-    """iters signed-gradient steps on the rounders' parameters, batch training samples per step.
-
-    keep_best: end on the parameters whose step batch had the lowest loss (AutoRound's rule) rather than the
-    last ones."""
+                 seed: int = 0) -> None:
+    """iters signed-gradient steps on the rounders' parameters, batch training samples per step; ends on the
+    last step (the hold-out guard judges it), not on the lowest batch loss as AutoRound does."""
     params = [p for r in rounders.values() for p in r.params()]
     gen = torch.Generator().manual_seed(seed)
     order: list[int] = []
-    best = (float("inf"), None)
     for t in range(iters):
         step = lr * (1 - t / iters)
         picked = []
@@ -111,10 +106,7 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
                 order = [train[j] for j in torch.randperm(len(train), generator=gen).tolist()]
             picked.append(order.pop())
         weights = {p + ".weight": r.fake() for p, r in rounders.items()}
-        loss = block.loss(picked, weights)
-        if keep_best and float(loss) < best[0]:
-            best = (float(loss), [p.detach().clone() for p in params])
-        loss.backward()
+        block.loss(picked, weights).backward()
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -122,10 +114,6 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
                     p.grad = None
         for r in rounders.values():
             r.clamp_()
-    if best[1] is not None:
-        with torch.no_grad():
-            for p, kept in zip(params, best[1]):
-                p.copy_(kept)
 
 
 class SignRoundTransform(LayerTransform):
@@ -138,9 +126,6 @@ class SignRoundTransform(LayerTransform):
         self.batch = int(options.get("batch", 2))
         self.clip = bool(options.get("clip", True))
         self.holdout = float(options.get("holdout", 0.125))
-        self.float_targets = bool(options.get("float_targets", False))
-        self.keep_best = bool(options.get("keep_best", False))
-        self.force_fallback = bool(options.get("force_fallback", False))  # tests: the guard's path
         self.scale_dtype = options.get("scale_dtype") or torch.float16
 
     def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:
@@ -148,17 +133,15 @@ class SignRoundTransform(LayerTransform):
         learn = {paths[m]: (n, s) for m, (n, s) in targets.items() if learnable(s)}
         if not learn:
             return {}
-        targets_out = inputs.float_out if self.float_targets else None
-        block = _Block(layer, inputs, list(learn), targets_out)
+        block = _Block(layer, inputs, list(learn))
         rounders = {p: LearnedRounding(block.work.get_submodule(p).weight, s, self.scale_dtype, self.clip)
                     for p, (_n, s) in learn.items()}
         train, held = split_samples(len(block.hidden), self.holdout)
         judge = held or train  # one sample: nothing to hold out, the guard can only check the fit itself
         initial, rtn_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
-        sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index,
-                     keep_best=self.keep_best)
+        sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index)
         final, learned_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
-        keep = learned_held <= rtn_held and not self.force_fallback
+        keep = learned_held <= rtn_held
         common = {"signround_iters": self.iters, "signround_initial_loss": initial, "signround_final_loss": final,
                   "signround_heldout_rtn_loss": rtn_held, "signround_heldout_loss": learned_held,
                   "signround_heldout_samples": len(held)}

@@ -62,7 +62,7 @@ class SmoothQuantTransform(AWQTransform):
         self.arch = map_for(model.config)
         if self.arch is None:
             raise UserError(f"SmoothQuant has no scaling map for model type '{self.model_type}' (mapped: "
-                            f"{', '.join(mapped_architectures())}); drop --smooth")
+                            f"{', '.join(mapped_architectures())}); drop quant.smooth")
 
     def searchable(self, scheme: Scheme) -> bool:
         return scheme.is_int_activations
