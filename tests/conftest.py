@@ -26,6 +26,12 @@ sys.path.insert(0, os.path.dirname(__file__))
 from helpers import TINY_ARCHS, make_tiny_model  # noqa: E402,F401
 
 
+def pytest_collection_modifyitems(config, items):
+    """The vLLM acceptance tests first: they are the longest file (minutes of one vLLM worker), so under
+    `-n 2 --dist loadfile` one process runs them while the other works through everything else."""
+    items.sort(key=lambda item: item.get_closest_marker("vllm") is None)
+
+
 @pytest.fixture(scope="session")
 def embedded_dir():
     from quantkit.models.embedded import embedded_model_dir

@@ -110,7 +110,7 @@ def server(models, tok):
 def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"chromium is not installed at {CHROMIUM}: the playground test needs a real browser "
-                    "(apt-get install -y chromium; .ci/run does this)")
+                    "(bash tests/setup_machine.sh installs it)")
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:

@@ -35,7 +35,7 @@ def server():
 def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail(f"chromium is not installed at {CHROMIUM}: this test needs a real browser "
-                    "(apt-get install -y chromium; .ci/run does this)")
+                    "(bash tests/setup_machine.sh installs it)")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:

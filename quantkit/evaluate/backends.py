@@ -25,6 +25,10 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 # vLLM's CPU build quantises bfloat16 activations to int8 for 4-bit weights on AMX machines (W4A8) unless told
 # not to; a W4A16 checkpoint is then scored as something else, so the comparison switches it off and says so.
 VLLM_ENV = {"VLLM_CPU_INT4_W4A8": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+# A CPU without AMX (AMD EPYC, older Xeons), emulated on one with it: vLLM is told there are no AMX tiles, so
+# it selects the kernels such a CPU gets, and oneDNN is capped to AVX-512 with VNNI and BF16, so they run the
+# code such a CPU runs. The CPU kinds vLLM's x86 build tells apart are these two.
+NO_AMX_ENV = {"QUANTKIT_VLLM_NO_AMX": "1", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}
 
 
 @dataclass
@@ -35,6 +39,7 @@ class Scores:
     greedy: list[list[int]] = field(default_factory=list)
     error: str | None = None
     margins: list[list[float]] = field(default_factory=list)  # per prompt and step: top-1 minus top-2 log-prob
+    kernels: dict = field(default_factory=dict)  # vLLM: the linear kernel it chose -> number of Linears
 
 
     @property
@@ -117,10 +122,12 @@ def _score_forward(name, logprobs_of, windows, prompts, greedy_of) -> Scores:
     return Scores(name, True, nll, [greedy_of(p) for p in prompts])
 
 
-def score_vllm(jobs: list[dict], python: str, timeout: int = 3600) -> list[Scores]:
+def score_vllm(jobs: list[dict], python: str, timeout: int = 3600, no_amx: bool = False) -> list[Scores]:
     """Each job: {"model", "dtype", "windows", "prompts", "max_new", optional "kv_cache_dtype"}; all run in one
     worker process, one engine after another. A job the engine refuses or never answers gets ok=False and the
-    root cause vLLM logged (its own exception names only "see root cause above")."""
+    root cause vLLM logged (its own exception names only "see root cause above"). NO_AMX: run vLLM as on a CPU
+    without AMX (NO_AMX_ENV)."""
+    env = {**os.environ, **VLLM_ENV, **(NO_AMX_ENV if no_amx else {})}
     with tempfile.TemporaryDirectory(prefix="quantkit-vllm-") as tmp:
         job_file, out_file, log_file = Path(tmp) / "jobs.json", Path(tmp) / "out.json", Path(tmp) / "worker.log"
         job_file.write_text(json.dumps({"jobs": jobs}))
@@ -128,7 +135,7 @@ def score_vllm(jobs: list[dict], python: str, timeout: int = 3600) -> list[Score
             # a session of its own: vLLM's engine and worker processes can outlive a failed start (one was
             # found spinning a core) and hold the output open, so the whole group is killed at the end
             proc = subprocess.Popen([python, str(WORKER), str(job_file), str(out_file)], stdout=log,
-                                    stderr=subprocess.STDOUT, env={**os.environ, **VLLM_ENV}, cwd=tmp,
+                                    stderr=subprocess.STDOUT, env=env, cwd=tmp,
                                     start_new_session=True)
             try:
                 proc.wait(timeout=timeout)
@@ -146,7 +153,8 @@ def score_vllm(jobs: list[dict], python: str, timeout: int = 3600) -> list[Score
         err = r.get("error")
         if err and cause and "root cause" in err:
             err = cause
-        out.append(Scores("vllm", r["ok"], r.get("nll", []), r.get("greedy", []), err))
+        out.append(Scores("vllm", r["ok"], r.get("nll", []), r.get("greedy", []), err,
+                          kernels=r.get("kernels", {})))
     return out
 
 
@@ -195,10 +203,16 @@ def compare(ref: Scores, other: Scores, n_greedy: int = 16) -> dict:
     ok when each continuation agrees for n_greedy tokens or parts where REF's top two were a near-tie."""
     if not (ref.ok and other.ok):
         return {"ok": False, "error": other.error or ref.error}
-    deltas = [abs(a - b) for wa, wb in zip(ref.nll, other.nll) for a, b in zip(wa, wb)]
+    signed = [b - a for wa, wb in zip(ref.nll, other.nll) for a, b in zip(wa, wb)]
+    deltas = [abs(d) for d in signed]
+    mean = sum(signed) / len(signed)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in signed) / max(len(signed) - 1, 1))
     agree = greedy_agreement(ref, other)
     return {"ok": True, "ppl": other.perplexity, "ref_ppl": ref.perplexity,
             "ppl_rel": other.perplexity / ref.perplexity - 1, "logprob_mean_abs": sum(deltas) / len(deltas),
+            # the standard error of the mean per-token difference: how far apart two engines' log perplexities
+            # land by rounding noise alone, when that noise is unbiased
+            "nll_diff_se": sd / math.sqrt(len(signed)),
             "logprob_max_abs": max(deltas), "greedy_agree": agree,
             "parting_margin": [m[a] if a < min(n_greedy, len(m)) else None
                                for a, m in zip(agree, ref.margins or [[]] * len(agree))],

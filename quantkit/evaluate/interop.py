@@ -8,6 +8,7 @@ Used by tests/test_vllm_interop.py (the gate) and bench/vllm_interop.py (the tab
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +17,11 @@ from .backends import Scores, compare, score_quantkit, score_transformers, score
 CALIB = {"calibration.spec": "{texts}/prose_calib.txt", "calibration.num_samples": 16, "calibration.seq_len": 128}
 # AWQ's format is what is checked here, not its search: a coarse grid on few tokens keeps CI short
 AWQ_FAST = {"quant.awq.grid": 5, "quant.awq.search_tokens": 512}
-GPU_ONLY_TIMEOUT = 90  # seconds: a refusal comes within ~30; the FP8 path on this CPU build loads, then hangs
+# A scheme with no fast CPU kernel known is offered to vLLM with one short window, in a worker of its own: its
+# CPU build may refuse it at load (8-bit weight-only), or run it on a reference GEMM (FP8 through oneDNN's
+# ref:any matmul: about 2 s per token on a 2-core Xeon), or hang; the limit turns a hang into an answer.
+PROBE_TOKENS = 32
+PROBE_TIMEOUT = 300  # seconds
 MIXED = [{"match": "re:.*mlp\\.down_proj", "scheme": "w4a16", "group_size": 32}]
 
 
@@ -25,7 +30,9 @@ class Case:
     name: str
     overrides: dict
     dtype: str = "float16"  # written and served in
-    cpu: bool = True  # vLLM's CPU build has a kernel for it
+    # no fast CPU kernel is known: vLLM is asked with one PROBE_TOKENS window and no greedy prompts (see above);
+    # whether it runs it or refuses is what it answers, never assumed from the scheme
+    probe: bool = False
     kv_cache_dtype: str | None = None
     targets: list = field(default_factory=list)
     # the engine vLLM is compared with: transformers, or quantkit's runtime where transformers' compressed-tensors
@@ -35,8 +42,11 @@ class Case:
     # in the test suite's gate; False: a layout a gated case already loads (the same packed tensors and config,
     # another solver or dtype), scored for the full table by bench/vllm_interop.py only, to keep CI short
     gate: bool = True
+    # token windows of 128 scored; quantised activations need more (see ppl_bound)
+    windows: int = 4
 
 
+W8A8_WINDOWS = 16
 CASES = [
     Case("w4 g64 sym rtn", {"quant.group_size": 64}, gate=False),  # the fp8 kv case scores this checkpoint too
     Case("w4 g32 asym rtn", {"quant.group_size": 32, "quant.symmetric": False}),
@@ -53,24 +63,27 @@ CASES = [
     Case("w4 g64 gptq act-order weight", {"quant.group_size": 64, "quant.method": "gptq",
                                           "quant.gptq.actorder": "weight", **CALIB}, dtype="bfloat16", gate=False),
     # W8A8 INT8 runs on vLLM's CPU INT8 kernels, served in bfloat16: on an AMX CPU its int8 GEMM aborts the engine
-    # for float16 activations ("scale_C: scalar path not implemented", sgl-kernels/gemm_int8.cpp). SmoothQuant with
-    # a fixed alpha: the format is checked here, not the search, which would cost minutes
-    Case("w8a8 rtn", {"quant.scheme": "w8a8"}, dtype="bfloat16", reference="quantkit"),
+    # for float16 activations ("scale_C: scalar path not implemented", sgl-kernels/gemm_int8.cpp). Which kernel
+    # runs depends on the CPU (AMX: the SGL kernel; without: oneDNN); each row records vLLM's own choice. SmoothQuant
+    # with a fixed alpha: the format is checked here, not the search, which would cost minutes
+    Case("w8a8 rtn", {"quant.scheme": "w8a8"}, dtype="bfloat16", reference="quantkit", windows=W8A8_WINDOWS),
     Case("w8a8 smooth 0.5 rtn", {"quant.scheme": "w8a8", "quant.smooth": True, "quant.smooth_alpha": 0.5, **CALIB},
-         dtype="bfloat16", reference="quantkit"),
+         dtype="bfloat16", reference="quantkit", windows=W8A8_WINDOWS),
     # static per-tensor input scales: vLLM 0.32's CPU build loads it but scores 2.8% below both quantkit and
     # transformers (43.36 against 44.60 / 44.78), near its dynamic per-token score of the same weights (43.76):
     # its x86 SGL int8 kernel quantises activations per token and never reads input_scale (docs/vllm.md), so
     # this row is documented, not gated
     Case("w8a8-static smooth 0.5 rtn", {"quant.scheme": "w8a8-static", "quant.smooth": True, "quant.smooth_alpha": 0.5,
-                                        **CALIB}, dtype="bfloat16", reference="quantkit", gate=False),
-    Case("w8 channel rtn", {"quant.scheme": "w8a16", "quant.group_size": -1}, cpu=False),
-    Case("fp8 dynamic", {"quant.scheme": "fp8-dynamic"}, cpu=False),
+                                        **CALIB}, dtype="bfloat16", reference="quantkit", gate=False,
+         windows=W8A8_WINDOWS),
+    Case("w8 channel rtn", {"quant.scheme": "w8a16", "quant.group_size": -1}, probe=True),
+    # FP8 activations are rounded per token by both engines compared: quantkit's runtime is the reference
+    Case("fp8 dynamic", {"quant.scheme": "fp8-dynamic"}, probe=True, reference="quantkit"),
 ]
 GATED = [c for c in CASES if c.gate]  # the cases tests/test_vllm_interop.py runs
 
 
-def eval_tokens(text: Path, n_windows: int = 4, length: int = 128, n_prompts: int = 2):
+def eval_tokens(text: Path, n_windows: int = W8A8_WINDOWS, length: int = 128, n_prompts: int = 2):
     """Windows to score and prompts to continue, from TEXT (held out from every calibration set used here)."""
     from transformers import AutoTokenizer
 
@@ -102,60 +115,119 @@ def build(case: Case, out: Path, texts: Path) -> Path:
     return out
 
 
-def run(cases: list[Case], paths: list[Path], windows, prompts, max_new: int, vllm_python: str) -> list[dict]:
-    """One row per case: transformers' and vLLM's scores and how far apart they are."""
-    # transformers has no FP8 KV cache: the format is checked with vLLM's cache in the model dtype, and the
-    # FP8 cache is scored on its own beside it (a second job, the checkpoint's k_scale/v_scale in use)
-    # (vLLM turns the FP8 cache on by itself for a checkpoint with a kv_cache_scheme: the model dtype is asked
-    # for by name)
-    jobs = [{"model": str(p), "dtype": c.dtype, "windows": windows, "prompts": prompts if c.cpu else [],
-             "max_new": max_new, "kv_cache_dtype": c.dtype if c.kv_cache_dtype else None}
-            for c, p in zip(cases, paths)]
-    cpu = [i for i, c in enumerate(cases) if c.cpu]
-    kv = [i for i in cpu if cases[i].kv_cache_dtype]
+def run(cases: list[Case], paths: list[Path], windows, prompts, max_new: int, vllm_python: str,
+        no_amx: bool = False, controls: dict | None = None) -> list[dict]:
+    """One row per case: the reference's and vLLM's scores, how far apart they are, and the kernel vLLM chose.
+    WINDOWS: at least max(case.windows) of them. NO_AMX: vLLM as on a CPU without AMX (backends.NO_AMX_ENV).
+    CONTROLS: {case index: path of a damaged copy of its checkpoint}; vLLM scores the copy in the same worker and
+    row["control"] compares it with the reference's scores of the intact one (a gate must fail it)."""
+    controls = controls or {}
+    jobs = [_job(c, p, windows, prompts, max_new) for c, p in zip(cases, paths)]
+    served_here = [i for i, c in enumerate(cases) if not c.probe]
+    kv = [i for i in served_here if cases[i].kv_cache_dtype]
+    # transformers has no FP8 KV cache: the format is checked with vLLM's cache in the model dtype (asked for by
+    # name: vLLM turns the FP8 cache on by itself for a checkpoint with a kv_cache_scheme), and the FP8 cache
+    # with the checkpoint's k_scale/v_scale is scored beside it as a second job
     extra = [{**jobs[i], "prompts": [], "kv_cache_dtype": cases[i].kv_cache_dtype} for i in kv]
-    answers = score_vllm([jobs[i] for i in cpu] + extra, vllm_python)
-    served = dict(zip(cpu, answers))
-    kv_scores = dict(zip(kv, answers[len(cpu):]))
-    for i, c in enumerate(cases):  # each in a worker of its own: the CPU build can hang on a GPU-only scheme
-        if not c.cpu:
-            served[i] = score_vllm([jobs[i]], vllm_python, timeout=GPU_ONLY_TIMEOUT)[0]
-    served = [served[i] for i in range(len(cases))]
+    extra += [{**jobs[i], "model": str(controls[i]), "prompts": []} for i in controls]
+    answers = score_vllm([jobs[i] for i in served_here] + extra, vllm_python, no_amx=no_amx)
+    served = dict(zip(served_here, answers))
+    kv_scores = dict(zip(kv, answers[len(served_here):]))
+    control_scores = dict(zip(controls, answers[len(served_here) + len(kv):]))
+    for i, c in enumerate(cases):  # each in a worker of its own, with a limit: a reference GEMM can take minutes
+        if c.probe:
+            served[i] = score_vllm([jobs[i]], vllm_python, timeout=PROBE_TIMEOUT, no_amx=no_amx)[0]
     rows = []
-    for case, path, vl in zip(cases, paths, served):
+    for i, (case, path) in enumerate(zip(cases, paths)):
+        vl, job = served[i], jobs[i]
         score_ref = score_quantkit if case.reference == "quantkit" else score_transformers
-        ref = score_ref(str(path), windows, prompts, max_new, case.dtype) if case.cpu or vl.ok \
-            else Scores("transformers", False, error="not scored: vLLM refused the checkpoint")
-        row = {"case": case.name, "dtype": case.dtype, "cpu_kernel": case.cpu, "path": str(path),
-               "reference": case.reference,
-               "transformers_ppl": ref.perplexity, "vllm": compare(ref, vl), "vllm_error": vl.error}
-        if case.kv_cache_dtype:
-            k = kv_scores[cases.index(case)]
+        ref = score_ref(str(path), job["windows"], job["prompts"], max_new, case.dtype) if vl.ok \
+            else Scores(case.reference, False, error="not scored: vLLM did not score the checkpoint")
+        row = {"case": case.name, "dtype": case.dtype, "probe": case.probe, "path": str(path),
+               "reference": case.reference, "transformers_ppl": ref.perplexity, "vllm": compare(ref, vl),
+               "vllm_error": vl.error, "kernels": vl.kernels, "cpu": "no AMX (emulated)" if no_amx else "native"}
+        if i in kv_scores:
+            k = kv_scores[i]
             row["vllm_kv"] = {"kv_cache_dtype": case.kv_cache_dtype, "ok": k.ok, "ppl": k.perplexity,
                               "error": k.error}
+        if i in control_scores:
+            row["control"] = compare(ref, control_scores[i])
         rows.append(row)
     return rows
 
 
+def _job(case: Case, path: Path, windows, prompts, max_new: int) -> dict:
+    if case.probe:
+        return {"model": str(path), "dtype": case.dtype, "windows": [windows[0][:PROBE_TOKENS]], "prompts": [],
+                "max_new": 0, "kv_cache_dtype": None}
+    return {"model": str(path), "dtype": case.dtype, "windows": windows[:case.windows], "prompts": prompts,
+            "max_new": max_new, "kv_cache_dtype": case.dtype if case.kv_cache_dtype else None}
+
+
+def ppl_bound(case: Case, cmp: dict) -> float:
+    """The largest |log(vLLM ppl / reference ppl)| that still counts as the same model.
+
+    Weight-only in float16/bfloat16: 0.5%; the engines differ only by their summation order. With quantised
+    activations (W8A8, FP8) a rounding difference anywhere before a Linear (an attention or norm kernel one ulp
+    apart) flips some activation codes, and SmolLM2's outlier channels turn each flip into a visible per-token
+    change: measured per-token sd of the log-prob difference 0.31 nats in bfloat16, on both of vLLM's int8 paths
+    (AMX SGL kernel and oneDNN), against quantkit's runtime, which rounds each Linear's input as both do (absmax /
+    127, codes and scales equal to oneDNN's quantiser's). That noise is unbiased (mean +-0.003 over 2,032 tokens),
+    so the gate is three standard errors of the paired mean: 2.1% at 2,032 tokens (measured gaps: -0.16% AMX,
+    -0.26% oneDNN). With 508 tokens the same noise put the oneDNN path 1.5% away, past a fixed 0.5% bound: the
+    failure seen on an AMD EPYC. A misread scale costs far more (one down_proj scale tensor 1.25x: +14%)."""
+    if case.reference == "transformers":
+        return math.log(1.005)
+    return max(math.log(1.005), 3 * cmp["nll_diff_se"])
+
+
+def failures(case: Case, cmp: dict) -> list[str]:
+    """Why vLLM's scores are not the reference's, one reason per entry; [] when they agree."""
+    if not cmp["ok"]:
+        return [f"not scored: {cmp.get('error')}"]
+    found = []
+    diff, bound = math.log(1 + cmp["ppl_rel"]), ppl_bound(case, cmp)
+    if abs(diff) > bound:
+        found.append(f"perplexity {cmp['ppl']:.4f} against {cmp['ref_ppl']:.4f}: log ratio {diff:+.4f}, "
+                     f"bound {bound:.4f}")
+    # per token: the engines' summation orders differ (measured 0.006 in float16, 0.04-0.05 in bfloat16) and a
+    # wrong scale or zero point moves every token by far more; with quantised activations the flips above
+    # dominate (measured 0.21-0.23 in bfloat16, 0.12-0.16 for FP8 in float16)
+    limit = 0.3 if case.reference == "quantkit" else (0.02 if case.dtype == "float16" else 0.08)
+    if cmp["logprob_mean_abs"] >= limit:
+        found.append(f"mean |Δ log p| {cmp['logprob_mean_abs']:.4f} >= {limit}")
+    # 16 equal greedy tokens, or a parting where the reference's top two were a near-tie
+    if case.dtype == "float16" and case.reference == "transformers" and not cmp["greedy_ok"]:
+        found.append(f"greedy tokens part at {cmp['greedy_agree']}, gaps {cmp['parting_margin']}")
+    return found
+
+
 def markdown(rows: list[dict]) -> str:
-    head = ("| checkpoint | served in | transformers ppl | vLLM ppl | Δ ppl | mean abs Δ log p | greedy tokens equal |\n"
-            "|---|---|---:|---:|---:|---:|---|\n")
+    head = ("| checkpoint | served in | vLLM kernel (its choice) | reference ppl | vLLM ppl | Δ ppl | mean abs Δ log p | "
+            "greedy tokens equal |\n|---|---|---|---:|---:|---:|---:|---|\n")
     lines = []
     for r in rows:
         v = r["vllm"]
+        kernel = kernel_cell(r.get("kernels") or {})
         if v["ok"]:
             case = r["case"] + (" (reference: quantkit's runtime)" if r.get("reference") == "quantkit" else "")
-            lines.append(f"| {case} | {r['dtype']} | {r['transformers_ppl']:.4f} | {v['ppl']:.4f} | "
+            lines.append(f"| {case} | {r['dtype']} | {kernel} | {r['transformers_ppl']:.4f} | {v['ppl']:.4f} | "
                          f"{100 * v['ppl_rel']:+.3f}% | {v['logprob_mean_abs']:.4f} | {_greedy_cell(v)} |")
             k = r.get("vllm_kv")
             if k and k["ok"]:
                 lines.append(f"| ↳ same, vLLM `kv_cache_dtype={k['kv_cache_dtype']}` (checkpoint's k/v scales) | "
-                             f"{r['dtype']} | - | {k['ppl']:.4f} | {100 * (k['ppl'] / v['ppl'] - 1):+.3f}% vs its "
+                             f"{r['dtype']} | | - | {k['ppl']:.4f} | {100 * (k['ppl'] / v['ppl'] - 1):+.3f}% vs its "
                              f"own model-dtype cache | | |")
         else:
             why = (r["vllm_error"] or v.get("error") or "?").replace("|", "/")[:160]
-            lines.append(f"| {r['case']} | {r['dtype']} | - | GPU-only on vLLM: {why} | | | |")
+            lines.append(f"| {r['case']} | {r['dtype']} | {kernel} | - | refused by vLLM's CPU build: {why} | | | |")
     return head + "\n".join(lines) + "\n"
+
+
+def kernel_cell(kernels: dict) -> str:
+    """The quantised Linears' kernels, short: 'CPUInt8ScaledMMLinearKernel/sgl x120'."""
+    quantised = {k.split("/", 2)[-1]: n for k, n in kernels.items() if k.split("/")[1] != "-"} if kernels else {}
+    return ", ".join(f"{k} x{n}" for k, n in quantised.items()) or "-"
 
 
 def _greedy_cell(v: dict) -> str:

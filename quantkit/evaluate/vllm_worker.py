@@ -10,6 +10,12 @@ per job; the interpreter and vLLM's imports, a good part of a start, are paid on
 [result, ...]}, each {"ok": true, "nll": [[-logprob per scored token] per window], "greedy": [[ids] per
 prompt], "seconds": {...}} or {"ok": false, "error": "the engine's own message"} when vLLM refuses the
 checkpoint (e.g. a scheme its CPU build has no kernel for), so the caller can report it instead of crashing.
+Each loaded job also reports "kernels": which linear kernel vLLM itself chose for each quantised Linear, and
+how many Linears run it, read off the loaded model (its choice depends on the CPU, so it is asked, not guessed).
+
+QUANTKIT_VLLM_NO_AMX=1 makes vLLM see a CPU without AMX tiles, as on AMD EPYC: it then takes the kernel paths
+such a CPU takes (oneDNN for INT8 activations instead of the AMX SGL kernels). The caller also caps oneDNN's
+instruction set (ONEDNN_MAX_CPU_ISA), so the GEMMs themselves run the non-AMX code.
 """
 from __future__ import annotations
 
@@ -29,6 +35,25 @@ def _engine(job: dict):
     if job.get("kv_cache_dtype"):
         kwargs["kv_cache_dtype"] = job["kv_cache_dtype"]
     return LLM(**kwargs)
+
+
+def _kernels(model) -> dict:
+    """{"<quant method>/<scheme>/<kernel>[/<kernel path>]": number of Linears}: what vLLM selected."""
+    found: dict = {}
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        scheme = getattr(module, "scheme", None)
+        if method is None or scheme is None:
+            continue
+        kernel = getattr(scheme, "kernel", None)
+        if kernel is None:  # some schemes keep their kernel under another attribute name
+            kernel = next((v for v in vars(scheme).values() if type(v).__name__.endswith("Kernel")), None)
+        name = "/".join([type(method).__name__, type(scheme).__name__, type(kernel).__name__ if kernel else "-"])
+        path = getattr(kernel, "linear_method", None)  # CPU INT8: the AMX SGL kernel or oneDNN
+        if path is not None:
+            name += "/" + path.__name__.removeprefix("_apply_weights_")
+        found[name] = found.get(name, 0) + 1
+    return found
 
 
 def _nll(llm, windows: list[list[int]]) -> list[list[float]]:
@@ -63,6 +88,7 @@ def run(job: dict) -> dict:
     except Exception as e:  # noqa: BLE001  (vLLM raises many types; each means "does not load here")
         return {"ok": False, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"}
     try:
+        kernels = llm.apply_model(_kernels)[0]
         t1 = time.time()
         nll = _nll(llm, job["windows"]) if job.get("windows") else []
         t2 = time.time()
@@ -74,13 +100,19 @@ def run(job: dict) -> dict:
             shutdown.shutdown()
         del llm
         gc.collect()
-    return {"ok": True, "nll": nll, "greedy": greedy,
+    return {"ok": True, "nll": nll, "greedy": greedy, "kernels": kernels,
             "seconds": {"load": round(t1 - t0, 2), "score": round(t2 - t1, 2), "greedy": round(time.time() - t2, 2)}}
 
 
 if __name__ == "__main__":  # vLLM's engine starts worker processes that re-import this file
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # the engine in this process: its model can be read (kernels above), and no engine process is started
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if os.environ.get("QUANTKIT_VLLM_NO_AMX") == "1":
+        import torch
+
+        torch.cpu._is_amx_tile_supported = lambda: False
     job_path, out_path = sys.argv[1], sys.argv[2]
     with open(job_path) as f:
         jobs = json.load(f)["jobs"]

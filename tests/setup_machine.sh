@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# What the test suite needs beyond the project's Python packages, on a fresh Debian machine:
+#   - Debian's Chromium, for the playground's browser tests, where it is missing (about 0.5 GB);
+#   - vLLM's CPU build in a venv of its own, .venv-vllm, for the acceptance tests (bench/vllm_env.sh, 3.5 GB).
+# Idempotent: what is there already is kept. The README's test command runs it before pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+chromium="${QUANTKIT_CHROMIUM:-/usr/bin/chromium}"
+if [ ! -x "$chromium" ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "installing Debian's chromium (the playground's browser tests need it)"
+  if ! { $sudo apt-get update -qq && $sudo apt-get install -y -qq chromium >/dev/null; }; then
+    echo "could not install chromium with apt-get: install Debian's 'chromium' package, or point" \
+         "QUANTKIT_CHROMIUM at a Chromium binary, then run this again" >&2
+    exit 2
+  fi
+fi
+
+if [ -z "${QUANTKIT_VLLM_PYTHON:-}" ]; then
+  echo "making vLLM's venv (.venv-vllm) where it is missing"
+  bash bench/vllm_env.sh >/dev/null
+fi
