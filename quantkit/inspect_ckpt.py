@@ -4,13 +4,17 @@ Reads safetensors headers only (shapes and dtypes), so inspecting a 70B checkpoi
 """
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
 from .errors import UserError
-from .formats.safetensors_header import read_header
+from .formats.json_files import read_json_object
+from .formats.meta_check import FIX, check_meta
+from .formats.output import MARKER
+from .formats.quant_config_check import check_quantization_config
+from .formats.safetensors_header import REDO, read_header
+from .formats.safetensors_header import nbytes as tensor_bytes
 
-_BYTES = {"I32": 4, "F16": 2, "BF16": 2, "F32": 4, "F8_E4M3": 1, "I8": 1, "U8": 1, "I64": 8, "F64": 8}
 # what each method recorded per Linear in quantkit.json (issue 23.5): AWQ's scale exponent, clip and guard,
 # SmoothQuant's migration strength, GPTQ's order, damping and guard, learned rounding's steps and fallback
 SOLVER_KEYS = ("awq_alpha", "awq_guard", "awq_clip_mean", "awq_clip_reverted", "awq_clip_decorrelate", "awq_note",
@@ -32,11 +36,13 @@ def _headers(folder: Path) -> dict[str, dict]:
     return out
 
 
-def _nbytes(h: dict) -> int:
-    n = _BYTES.get(h["dtype"], 4)
-    for d in h["shape"]:
-        n *= d
-    return n
+def _read_meta(folder: Path) -> dict:
+    path = folder / MARKER
+    if not path.exists() and not path.is_symlink():
+        return {}  # another tool's checkpoint: no record of how it was made
+    meta = read_json_object(path, FIX)
+    check_meta(path, meta)
+    return meta
 
 
 def inspect_checkpoint(folder) -> dict:
@@ -44,9 +50,12 @@ def inspect_checkpoint(folder) -> dict:
     cfg_path = folder / "config.json"
     if not cfg_path.is_file():
         raise UserError(f"'{folder}' is not a checkpoint folder (no config.json)")
-    config = json.loads(cfg_path.read_text())
-    qc = config.get("quantization_config") or {}
-    meta = json.loads((folder / "quantkit.json").read_text()) if (folder / "quantkit.json").is_file() else {}
+    config = read_json_object(cfg_path, "copy it again from the folder quantkit wrote or re-run quantkit quantize")
+    qc = config.get("quantization_config")
+    if qc is not None:
+        check_quantization_config(folder, qc)
+    qc = qc or {}
+    meta = _read_meta(folder)
     heads = _headers(folder)
     layers = {}
     for key, h in heads.items():
@@ -60,7 +69,7 @@ def inspect_checkpoint(folder) -> dict:
     rows = [_layer_row(prefix, heads, meta.get("layers", {}).get(prefix, {}), default_bits, len(groups) == 1,
                        budget) for prefix in layers]
     quant_bytes = sum(r.pop("nbytes") for r in rows)
-    total = sum(_nbytes(h) for h in heads.values())
+    total = sum(tensor_bytes(h) for h in heads.values())
     source = meta.get("source_bytes")
     quant_values = sum(r["shape"][0] * r["shape"][1] for r in rows)
     float_values = _float_values(heads, set(layers))
@@ -90,6 +99,9 @@ def _layer_row(prefix: str, heads: dict, lm: dict, default_bits: int, one_group:
     """One quantised layer's row: its scheme, shape, bits per weight (scales included) and errors."""
     parts = {s: heads[f"{prefix}.{s}"] for s in _SUFFIXES if f"{prefix}.{s}" in heads}
     sch = lm.get("scheme", {})
+    codes = parts.get("weight_packed") or heads[f"{prefix}.weight"]
+    if len(codes["shape"]) != 2 or 0 in codes["shape"]:
+        raise UserError(f"the checkpoint's {prefix} codes have shape {codes['shape']}, not a matrix; {REDO}")
     if "weight_packed" in parts:
         out_f = parts["weight_packed"]["shape"][0]
         # int32 words of densely packed codes (3-bit ones straddle words), or (FP4) uint8 bytes of two
@@ -99,7 +111,7 @@ def _layer_row(prefix: str, heads: dict, lm: dict, default_bits: int, one_group:
     else:
         parts["weight"] = heads[f"{prefix}.weight"]
         out_f, in_f = parts["weight"]["shape"]
-    nbytes = sum(_nbytes(h) for s, h in parts.items() if s != "weight_shape")
+    nbytes = sum(tensor_bytes(h) for s, h in parts.items() if s != "weight_shape")
     return {
         "layer": prefix,
         "scheme": sch.get("name", "?"),
@@ -124,7 +136,7 @@ def _float_values(heads: dict[str, dict], quantised: set[str]) -> int:
     for key, h in heads.items():
         prefix = key.rpartition(".")[0]
         if h["dtype"] in ("F16", "BF16", "F32") and prefix not in quantised and not key.endswith(("k_scale", "v_scale")):
-            n += _nbytes(h) // _BYTES[h["dtype"]]
+            n += math.prod(h["shape"])
     return n
 
 

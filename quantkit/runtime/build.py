@@ -130,13 +130,13 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 def _copy_tokenizer_hint(path: str) -> str:
     """How to give PATH a tokenizer, naming the model it was quantised from when quantkit.json records it."""
-    import json
+    from ..formats.json_files import read_json_object
 
     try:
-        source = json.loads((Path(path) / "quantkit.json").read_text()).get("source_model")
-    except (OSError, ValueError, AttributeError):
+        source = read_json_object(Path(path) / "quantkit.json", "").get("source_model")
+    except UserError:
         source = None
-    origin = f"'{source}'" if source else "the original model folder"
+    origin = f"'{source}'" if isinstance(source, str) and source else "the original model folder"
     return f"copy tokenizer.json and tokenizer_config.json from {origin} into '{path}'"
 
 
@@ -151,7 +151,11 @@ def _check_tokenizer_files(path: str) -> None:
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
+    from .loader import read_config
+
     path = resolve_path(path)
+    if (Path(path) / "config.json").exists():
+        read_config(Path(path))  # transformers reads it too, and would fail in its own words
     _check_tokenizer_files(path)
     try:
         return AutoTokenizer.from_pretrained(path)

@@ -7,7 +7,6 @@ plain float model. Once loaded, linear/dispatch.py gives every Linear the layout
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
@@ -16,6 +15,7 @@ from torch import nn
 from ..errors import UserError
 from ..formats.compressed_tensors import load_tensors, module_targets
 from ..formats.integrity import check_layout, check_values
+from ..formats.json_files import read_json_object
 from ..formats.moe_names import from_checkpoint, to_checkpoint
 from ..formats.quant_config_check import check_group_fits, check_quantization_config
 from ..formats.safetensors_header import read_header
@@ -48,17 +48,16 @@ def attach_kv_scales(model: nn.Module, tensors: dict[str, torch.Tensor]) -> dict
     return rest
 
 
-def _read_config(path: Path) -> dict:
+def read_config(path: Path) -> dict:
+    """config.json of the checkpoint at PATH, its quantization_config checked: the first read of any folder, so a
+    damaged config is named before a tokenizer or model reads it and fails in its own words."""
     if not (path / "config.json").is_file():
         raise UserError(f"'{path}' is not a model folder (no config.json); pass the folder quantkit quantize wrote")
-    fix = "copy it again from the original folder or re-run quantkit quantize"
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except ValueError as e:
-        raise UserError(f"{path / 'config.json'} is not valid JSON ({e}); {fix}") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"{path / 'config.json'} holds a JSON {type(raw).__name__}, not an object; {fix}")
-    return raw
+    config = read_json_object(path / "config.json", "copy it again from the original folder or re-run quantkit "
+                              "quantize")
+    if config.get("quantization_config") is not None:
+        check_quantization_config(path, config["quantization_config"])
+    return config
 
 
 def check_weight_files(path: Path, quantised: bool) -> None:
@@ -66,10 +65,11 @@ def check_weight_files(path: Path, quantised: bool) -> None:
     before any loading, so a damaged copy is one clear error rather than a safetensors traceback."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise UserError(f"{index} is corrupt ({e}); copy it again or re-run quantkit quantize") from None
+        fix = "copy it again or re-run quantkit quantize"
+        weight_map = read_json_object(index, fix).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) and "/" not in v for v in weight_map.values()):
+            raise UserError(f"{index} is corrupt (weight_map is not a map of tensor names to file names); {fix}")
+        names = sorted(set(weight_map.values()))
     elif (path / "model.safetensors").is_file() or quantised:
         names = ["model.safetensors"]
     else:
@@ -88,7 +88,7 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     speed (linear/relayout.py), and the decode step's fused projections (linear/fused.py) are built now, before
     any forward, and kept on the model (llama_step.attach_plan)."""
     path = Path(path)
-    qc = _read_config(path).get("quantization_config")
+    qc = read_config(path).get("quantization_config")
     if isinstance(dtype, str):
         dtype = _DTYPES[dtype]
     check_weight_files(path, quantised=qc is not None)
@@ -150,7 +150,6 @@ def _load_quantised(path: Path, qc: dict, device: str, dtype: torch.dtype | None
     """The model with every quantised Linear as the module dispatch.stored gives, loaded and on `device`."""
     from transformers import AutoConfig
 
-    check_quantization_config(path, qc)
     config = AutoConfig.from_pretrained(path)
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
