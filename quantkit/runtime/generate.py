@@ -32,6 +32,18 @@ class TokenInfo:
     text: str = ""
 
 
+class NonFiniteLogits(RuntimeError):
+    """The model computed NaN or +inf logits: its weights are damaged (the loader's checks make this rare)."""
+
+
+def check_logits(logits: torch.Tensor, position: int) -> None:
+    """NaN or +inf logits would become NaN probabilities (a failed draw) or NaN logprobs (invalid JSON); -inf
+    is a token the model rules out, which log_softmax and sampling handle."""
+    if not bool((logits < float("inf")).all()):
+        raise NonFiniteLogits(f"the model computed non-finite logits at output token {position}; its weights may "
+                              "be damaged: check the checkpoint with quantkit inspect, or quantise it again")
+
+
 def context_limit(model) -> int:
     return int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
 
@@ -90,9 +102,14 @@ class Sequence:
         return self.ids.shape[0] - self.n_prompt
 
     def _choose(self, logits: torch.Tensor) -> int:
+        check_logits(logits, self.n_generated)
         if self.params.greedy:
             return int(logits.argmax())
         return int(sampling.pick(sampling.probs(logits, self.params), self.gen))
+
+    def _probs(self, logits: torch.Tensor) -> torch.Tensor:
+        check_logits(logits, self.n_generated)
+        return sampling.probs(logits, self.params)
 
     @property
     def prefilled(self) -> bool:
@@ -130,8 +147,8 @@ class Sequence:
                 self.governor.plain_step(forward_s + clock() - t)
             return out
         n_ctx = self.ids.shape[0]
-        n, extra = speculative_accept(lambda i: sampling.probs(rows.upto(i + 1)[i], self.params), self._q, draft,
-                                      self.gen, self.params.greedy)
+        n, extra = speculative_accept(lambda i: self._probs(rows.upto(i + 1)[i]), self._q, draft, self.gen,
+                                      self.params.greedy)
         logits = rows.upto(n + 1)
         # The cache now holds every fed token; keep the context (minus the pending last) plus accepted drafts.
         crop_to(self.cache, n_ctx + n)
@@ -154,6 +171,7 @@ class Sequence:
         return self.finish(rows, clock() - t)
 
     def _emit(self, new: list[int], logits: torch.Tensor, drafted: list[bool]) -> list[TokenInfo]:
+        check_logits(logits[-len(new):], self.n_generated)
         rows = logits[-len(new):].float().log_softmax(-1)
         lps = rows.gather(-1, torch.tensor(new).unsqueeze(-1)).squeeze(-1).tolist()
         out: list[TokenInfo] = []

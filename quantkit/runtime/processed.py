@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import sampling
-from .generate import Sequence
+from .generate import Sequence, check_logits
 from .kv_cache import forward_many
 
 PROMPT_CHUNK = 64  # prompt tokens per forward when their logprobs are wanted: bounds the [rows, vocab] logits
@@ -46,6 +46,7 @@ class ProcessedSequence(Sequence):
         self._pending: TokenLogprob | None = None
 
     def _choose(self, logits: torch.Tensor) -> int:
+        check_logits(logits, self.n_generated)
         if self.counts is None:
             self.counts = torch.zeros(logits.shape[-1])
         params = self.params
@@ -83,6 +84,7 @@ class ProcessedSequence(Sequence):
         records: list[TokenLogprob | None] = [None]  # nothing predicts the first prompt token
         for start in range(0, ids.shape[0], PROMPT_CHUNK):
             rows = forward_many(self.model, [(self.cache, ids[start:start + PROMPT_CHUNK])])[0]
+            check_logits(rows.all(), 0)
             logprobs = rows.all().float().log_softmax(-1)
             nxt = ids[start + 1:start + 1 + PROMPT_CHUNK]  # row j predicts token j + 1
             records += [_record(row, int(t), n_top) for row, t in zip(logprobs, nxt)]

@@ -89,8 +89,10 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_p < 1.0:
         sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
         sorted_p = sorted_logits.softmax(-1)
-        # Drop a token when the mass *before* it already reaches top_p, so the top token always survives.
+        # Drop a token when the mass *before* it already reaches top_p. The top token always survives, also when
+        # top_p is below float32's smallest number (1e-300 compares as 0): a top_p that small is greedy.
         drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        drop[..., 0] = False
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
     return logits.softmax(-1)

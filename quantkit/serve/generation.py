@@ -132,7 +132,7 @@ async def until_done(request, job: Job) -> None:
                 raise APIError("the client closed the connection", status=499, code="client_closed_request")
             kind, payload = event.result()
             if kind == "error":
-                raise APIError(payload, status=500, type="server_error")
+                raise APIError(f"{payload} (request {job.req.id})", status=500, type="server_error")
             if kind == "done":
                 return
     finally:

@@ -171,9 +171,18 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "dict", "list", "none"}
 
 
 def _param(loc) -> str | None:
-    # pydantic puts the union member it tried into the location ("list[int]", "str"): not a parameter name
-    parts = [str(x) for x in loc if not (isinstance(x, str) and ("[" in x or x in _TYPE_TAGS))]
+    # pydantic puts the union member it tried into the location ("list[int]", "str", "constrained-str"): not a
+    # parameter name, so never shown to a client
+    parts = [str(x) for x in loc if not (isinstance(x, str) and ("[" in x or "-" in x or x in _TYPE_TAGS))]
     return ".".join(parts) or None
+
+
+def _most_specific(errors: list[dict]) -> dict:
+    """Of a union's errors, one from the member the value's type matched (a list of 100 stop strings is too long,
+    not 'not a string'): the first error that is not a type mismatch, where the first error's field has one."""
+    field = errors[0]["loc"][:1]
+    same = [e for e in errors if e["loc"][:1] == field]
+    return next((e for e in same if not e["type"].endswith("_type")), errors[0])
 
 
 def validate(data: dict, cls):
@@ -182,13 +191,13 @@ def validate(data: dict, cls):
     except RecursionError:
         raise APIError("the request body is nested too deeply", code="invalid_json") from None
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
+        err = _most_specific(e.errors(include_url=False))
         param = _param(err["loc"])
         if err["type"] == "extra_forbidden":
             raise APIError(f"Unrecognized request argument supplied: {param}", param=param,
                            code="unknown_parameter") from None
         code = "missing_required_parameter" if err["type"] == "missing" else "invalid_type"
-        if err["type"].endswith(("than", "equal", "_length", "finite_number")):
+        if err["type"].endswith(("than", "equal", "_length", "too_long", "too_short", "finite_number")):
             code = "invalid_value"
         raise APIError(f"{param}: {err['msg']}", param=param, code=code) from None
 

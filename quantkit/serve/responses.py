@@ -126,7 +126,7 @@ async def _chunks(job: Job):
             yield _chunk(job, _text_choice(job, echo, None, _logprobs(job, 0, 0, 0, True)))
             echo = None
         if kind == "error":
-            yield sse(APIError(payload, status=500, type="server_error").body())
+            yield sse(APIError(f"{payload} (request {job.req.id})", status=500, type="server_error").body())
             break
         if kind == "done":
             yield _chunk(job, _text_choice(job, "", job.seq.finish_reason))
