@@ -1,15 +1,13 @@
 """Local sources: .txt, .jsonl, .json, .csv, .parquet files and folders written by datasets.save_to_disk."""
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
-import json
 import re
 from pathlib import Path
 
 from ..errors import UserError
 from .corpus import Corpus, LazyRows, RowReader
+from .record_limits import NotJSON, csv_records, loads
 
 SUFFIXES = (".txt", ".jsonl", ".json", ".csv", ".parquet")
 _TEXT_SUFFIXES = {".txt", ".jsonl", ".json", ".csv"}
@@ -55,19 +53,15 @@ def _jsonl(path: Path, text: str, source: dict, text_field) -> Corpus:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path} line {n} is not valid JSON ({e.msg}); each line must be one JSON object") \
-                from None
+        records.append(loads(line, f"{path} line {n}"))
         lines.append(n)
     return _records_corpus(path, records, "jsonl", source, text_field, line_of=lines)
 
 
 def _json(path: Path, text: str, source: dict, text_field) -> Corpus:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError:
+        data = loads(text, str(path))
+    except NotJSON:
         return _jsonl(path, text, source, text_field)  # JSON Lines saved under .json
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
@@ -81,8 +75,7 @@ def _json(path: Path, text: str, source: dict, text_field) -> Corpus:
 
 
 def _csv(path: Path, text: str, source: dict, text_field) -> Corpus:
-    reader = csv.DictReader(io.StringIO(text))
-    records = list(reader)
+    records = csv_records(text, path)
     if not records:
         raise UserError(f"{path} is empty; pass a file that contains text")
     return _records_corpus(path, records, "csv", source, text_field)

@@ -140,6 +140,11 @@ def _duplicates(node: yaml.Node, source: str, path=()) -> list[str]:
 
 def validate_yaml(text: str, source: str, root: type[BaseModel]):
     """(model instance or None, [problems]): parse TEXT as YAML and validate it against ROOT."""
+    from .yaml_bounds import yaml_limit_problem
+
+    problem = yaml_limit_problem(text, source)  # before anything builds the text: aliases, depth, huge numbers
+    if problem:
+        return None, [problem]
     try:
         tree = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
