@@ -19,7 +19,9 @@ from .models.coverage import Uncovered, check_coverage
 from .recipe import Recipe
 from .recipe.schema import Method
 from .schemes import Scheme, fitting_group_size, get_scheme, scale_dtype_for
+from .solvers.awq_options import AWQOptions
 from .solvers.base import LinearSolver
+from .solvers.signround_options import SignRoundOptions
 from .targets import matches
 
 # the compressed-tensors entry for a static FP8 KV cache (one scale per tensor from calibration)
@@ -67,11 +69,11 @@ class Plan:
     schemes: dict[str, Scheme]  # every Linear to quantise, in model order
     method: str
     group_size: int | None  # the resolved default group size (None for fp8 schemes)
-    options: dict  # the solvers' knobs
+    options: dict  # what every solver reads: scale_dtype, clip_search, and "gptq" (GPTQOptions)
     needs_data: bool
     kv_scheme: dict | None = None
-    awq: dict | None = None  # AWQ's options when the method scales first
-    signround: dict | None = None  # learned rounding's options (method signround)
+    awq: AWQOptions | None = None  # AWQ's options when the method scales first
+    signround: SignRoundOptions | None = None  # learned rounding's options (method signround)
     smooth: dict | None = None  # SmoothQuant's options when it runs before a w8a8 scheme
     storage_dtype: torch.dtype = torch.float32
     uncovered: list[Uncovered] = field(default_factory=list)  # matrix weights left in float, not ignored
@@ -81,9 +83,7 @@ class Plan:
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
         scheme = self.schemes[name]
-        # act-order is for integer grids: on FP8 it gave better KL but worse perplexity (docs/benchmarks.md)
-        opts = {**self.options, "actorder": None} if scheme.is_fp8 else self.options
-        return solver_for(method or self.method, scheme)(name, weight, scheme, opts)
+        return solver_for(method or self.method, scheme)(name, weight, scheme, self.options)
 
 
 def ignore_patterns(recipe: Recipe) -> list[str]:
@@ -169,11 +169,8 @@ def schemes_for(model: nn.Module, recipe: Recipe, group_size: int | None) -> dic
 
 
 def solver_options(recipe: Recipe, storage: torch.dtype) -> dict:
-    q, g = recipe.quant, recipe.quant.gptq
-    return {"clip_search": q.clip_search, "damp": g.damp, "block_size": g.block_size,
-            "actorder": None if g.actorder == "off" else g.actorder, "static_groups": g.static_groups,
-            "holdout": g.holdout,
-            "scale_dtype": scale_dtype_for(storage)}
+    q = recipe.quant
+    return {"clip_search": q.clip_search, "gptq": q.gptq, "scale_dtype": scale_dtype_for(storage)}
 
 
 def _smooth(q, schemes: dict[str, Scheme]) -> dict | None:
@@ -193,8 +190,8 @@ def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | No
     group_size = default_group_size(model, recipe)
     schemes = schemes_for(model, recipe, group_size)
     uncovered = check_coverage(model, set(schemes), ignore_patterns(recipe))
-    awq = q.awq.model_dump() if q.method in ("awq", "awq+gptq") else None
-    signround = q.signround.model_dump() if q.method == "signround" else None
+    awq = q.awq if q.method in ("awq", "awq+gptq") else None
+    signround = q.signround if q.method == "signround" else None
     smooth = _smooth(q, schemes)
     needs = awq is not None or signround is not None or smooth is not None or q.kv_cache is not None or any(
         solver_for(q.method, s).needs_data for s in schemes.values())

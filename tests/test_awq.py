@@ -19,6 +19,7 @@ from quantkit.formats.moe_names import is_router
 from quantkit.models.moe import unfuse_experts
 from quantkit.schemes import Scheme
 from quantkit.solvers.awq import AWQTransform, normalised_scales, weight_profile
+from quantkit.solvers.awq_options import AWQOptions
 from quantkit.solvers.awq_block import _GroupData, block_error, fake_quantize, measured_copy
 from quantkit.solvers.awq_fold import fold_scales, prev_width
 from quantkit.solvers.awq_maps import ScaleGroup, map_for, mapped_architectures
@@ -131,7 +132,7 @@ def test_gqa_skips_v_to_o_and_still_folds_exactly():
     ids = torch.stack(samples[:2])
     with torch.no_grad():
         before = model(ids).logits
-    t = AWQTransform(model, {"grid": 6, "duo": False, "clip": False, "fallback": "error"})
+    t = AWQTransform(model, AWQOptions(grid=6, clip=False))
     _, layers = decoder_layers(model)
     names = {m: n for n, m in model.named_modules()}
     sch = Scheme("t", 4, "int", True, 32)

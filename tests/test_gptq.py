@@ -6,12 +6,14 @@ import warnings
 
 import pytest
 import torch
+from pydantic import ValidationError
 
 from quantkit.errors import UserError
 from quantkit.formats.pack import pack_int32
 from quantkit.kernels import reference
 from quantkit.schemes import Scheme
 from quantkit.solvers.gptq import GPTQSolver, gptq_quantize
+from quantkit.solvers.gptq_options import GPTQOptions
 from quantkit.solvers.rtn import rtn_quantize
 
 
@@ -205,7 +207,8 @@ def test_solver_accumulates_running_hessian_over_uneven_batches():
     g = torch.Generator().manual_seed(3)
     x = correlated_inputs(g, 300, 32)
     w = torch.randn(16, 32, generator=g)
-    solver = GPTQSolver("model.layers.0.mlp.up_proj", w, scheme(4, True, 16), {"block_size": 8})
+    # the options a user gets by default (act-order weight) but for the block size
+    solver = GPTQSolver("model.layers.0.mlp.up_proj", w, scheme(4, True, 16), {"gptq": GPTQOptions(block_size=8)})
     x[::37] *= 50  # a few tokens with outsized activations: balanced, they weigh as much as any other
     for chunk in (x[:7], x[7:100].reshape(3, 31, 32), x[100:]):  # [tokens, in] and [batch, seq, in] both accepted
         solver.add_batch(chunk)
@@ -214,7 +217,7 @@ def test_solver_accumulates_running_hessian_over_uneven_batches():
     # float32 sums of 300 products of O(10) values, rescaled three times: 1e-5 relative covers the rounding
     torch.testing.assert_close(solver.H.double(), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
     qw = solver.solve()
-    direct = gptq_quantize(w, expected.float(), scheme(4, True, 16), block_size=8)
+    direct = gptq_quantize(w, expected.float(), scheme(4, True, 16), block_size=8, actorder="weight")
     assert torch.equal(qw.q, direct.q)
     assert qw.stats["tokens"] == 300
 
@@ -237,16 +240,19 @@ def test_solver_takes_actorder_from_options_or_scheme():
     g = torch.Generator().manual_seed(4)
     x = correlated_inputs(g, 128, 32)
     w = torch.randn(8, 32, generator=g)
-    for opts, sch, expect in [({"actorder": "weight"}, scheme(4, True, 8), "weight"),
-                              ({"actorder": "off"}, scheme(4, True, 8, actorder="weight"), "weight"),
-                              ({}, scheme(4, True, 8), None)]:
+    off = {"gptq": GPTQOptions(actorder="off")}
+    for opts, sch, expect in [({}, scheme(4, True, 8), "weight"),  # GPTQOptions' default, as users get it
+                              (off, scheme(4, True, 8, actorder="weight"), "weight"),
+                              (off, scheme(4, True, 8), None)]:
         solver = GPTQSolver("l", w, sch, opts)
         solver.add_batch(x)
         qw = solver.solve()
         assert qw.stats["actorder"] == expect and qw.scheme.actorder == expect
         assert qw.g_idx is None
-    with pytest.raises(UserError, match="choose off or weight"):
-        GPTQSolver("l", w, scheme(4, True, 8), {"actorder": "group"}).solve()
+    with pytest.raises(ValidationError, match="refuse to load"):
+        GPTQOptions(actorder="group")
+    with pytest.raises(UserError, match="unknown actorder"):
+        gptq_quantize(w, hessian(x), scheme(4, True, 8), actorder="group")
 
 
 def test_clip_search_option_lowers_or_keeps_error():

@@ -252,7 +252,7 @@ def test_fp8_gptq_keeps_column_order_under_the_default():
     w = torch.randn(256, 128)
     fp8 = plan.make_solver("model.layers.0.mlp.gate_proj", w)
     integer = plan.make_solver("model.layers.0.self_attn.q_proj", torch.randn(128, 128))
-    assert fp8.options["actorder"] is None and integer.options["actorder"] == "weight"
+    assert fp8.actorder() is None and integer.actorder() == "weight"
 
 
 def test_guards_and_awq_min_gain_default_to_the_measured_settings():
@@ -266,7 +266,7 @@ def test_guards_and_awq_min_gain_default_to_the_measured_settings():
     assert (q.awq.min_gain, q.awq.holdout, q.gptq.holdout) == (0.1, 0.2, 0.1)
     r = apply_overrides(Recipe(), {"quant.method": "awq+gptq", "quant.gptq.holdout": 0, "quant.awq.min_gain": 0})
     plan = build_plan(tiny_model("llama"), r)
-    assert plan.awq["min_gain"] == 0 and solver_options(r, plan.storage_dtype)["holdout"] == 0
+    assert plan.awq.min_gain == 0 and solver_options(r, plan.storage_dtype)["gptq"].holdout == 0
 
 
 def test_awq_tolerance_is_an_old_name_for_min_gain(tmp_path):

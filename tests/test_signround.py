@@ -20,6 +20,7 @@ from quantkit.recipe import Recipe
 from quantkit.schemes import get_scheme
 from quantkit.solvers.rtn import rtn_quantize
 from quantkit.solvers.signround import SignRoundTransform, split_samples
+from quantkit.solvers.signround_options import SignRoundOptions
 from quantkit.solvers.signround_quant import LearnedRounding
 
 
@@ -97,7 +98,7 @@ def test_block_loss_drops_below_rtn_and_the_guard_can_refuse(monkeypatch):
     layers, inputs = _layer_inputs(model, samples)
     scheme = get_scheme("w4a16").with_options(group_size=32, symmetric=True)
     targets = _targets(layers[0], "model.layers.0", scheme)
-    out = SignRoundTransform(model, {"iters": 20, "batch": 2}).apply(0, layers[0], inputs, targets)
+    out = SignRoundTransform(model, SignRoundOptions(iters=20, batch=2)).apply(0, layers[0], inputs, targets)
     stats = out["stats"]["model.layers.0.mlp.down_proj"]
     assert stats["signround_final_loss"] < 0.8 * stats["signround_initial_loss"]
     assert stats["signround_heldout_samples"] == 1 and 0 < stats["signround_mean_abs_v"] <= 0.5
@@ -106,7 +107,7 @@ def test_block_loss_drops_below_rtn_and_the_guard_can_refuse(monkeypatch):
     assert (stats["signround_fallback"] is None) == kept
     assert set(out["solved"]) == ({n for n, _ in targets.values()} if kept else set())
     _descend_badly(monkeypatch)
-    forced = SignRoundTransform(model, {"iters": 2}).apply(0, layers[0], inputs, targets)
+    forced = SignRoundTransform(model, SignRoundOptions(iters=2)).apply(0, layers[0], inputs, targets)
     assert forced["solved"] == {}
     assert all(s["signround_fallback"].startswith("rtn") for s in forced["stats"].values())
 

@@ -39,11 +39,11 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
     if plan.awq is not None:
         from ..solvers.awq import AWQTransform
 
-        out.append(AWQTransform(model, {**plan.awq, "scale_dtype": plan.options["scale_dtype"]}))
+        out.append(AWQTransform(model, plan.awq, plan.options["scale_dtype"]))
     if plan.signround is not None:
         from ..solvers.signround import SignRoundTransform
 
-        out.append(SignRoundTransform(model, {**plan.signround, "scale_dtype": plan.options["scale_dtype"]}))
+        out.append(SignRoundTransform(model, plan.signround, plan.options["scale_dtype"]))
     if plan.kv_scheme is not None:
         from ..solvers.kv_scales import KVScaleObserver
 

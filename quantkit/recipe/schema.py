@@ -1,16 +1,21 @@
-"""The recipe schema: everything a quantisation run needs, as data (YAML). The CLI builds one from its flags.
+"""The recipe schema: everything a quantisation run needs, as data (YAML). The CLI builds one from its options.
 
-Unknown keys are errors (extra="forbid") so a misspelt knob never silently does nothing. Field descriptions
-are the user documentation: docs/recipes.md is generated from them (python -m quantkit.recipe.docs).
+Unknown keys are errors (extra="forbid") so a misspelt knob never silently does nothing. Each algorithm's own
+options (GPTQOptions, AWQOptions, SignRoundOptions) are defined beside its solver and embedded here, so their
+defaults are written once. Field descriptions are the user documentation: docs/recipes.md is generated from
+them (python -m quantkit.recipe.docs).
 """
 from __future__ import annotations
 
-import warnings
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..solvers.awq_options import AWQOptions
+from ..solvers.gptq_options import GPTQOptions
+from ..solvers.options import StrictOptions
+from ..solvers.signround_options import SignRoundOptions
 from .gates import GATES
 
 Method = Literal["auto", "rtn", "gptq", "awq", "awq+gptq", "signround"]
@@ -32,92 +37,13 @@ def _check_group_size(v):
     return v
 
 
-class _Strict(BaseModel):
-    # strict: YAML `group_size: true` or `symmetric: "yes"` is a mistake to report, not a value to coerce
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, strict=True)
-
-
-class _WithGroupSize(_Strict):
+class _WithGroupSize(StrictOptions):
     """A section with a group_size field: checked the same way wherever it appears."""
 
     @field_validator("group_size", check_fields=False)
     @classmethod
     def _group(cls, v):
         return _check_group_size(v)
-
-
-class GPTQOptions(_Strict):
-    """GPTQ: Hessian-based error compensation, column by column (method gptq or awq+gptq)."""
-
-    damp: float = Field(0.01, gt=0, lt=1, description="Dampening as a fraction of the Hessian's mean diagonal.")
-    block_size: int = Field(128, ge=1, description="Columns updated together (lazy batch updates).")
-    # 'weight' by default: on every model and text measured it beat 'off' in the same CPU time
-    # (docs/benchmarks.md, "GPTQ's default act-order")
-    actorder: Literal["off", "weight"] = Field(
-        "weight", description="'weight': quantise columns by decreasing Hessian diagonal, groups kept in order "
-                           "(no g_idx, loads everywhere). Integer schemes only; FP8 GPTQ keeps column order.")
-    static_groups: bool = Field(True, description="Fix group scales before reordering (no g_idx with 'weight').")
-    holdout: float = Field(0.1, ge=0, lt=1, description="Share of calibration samples kept out of the Hessian to "
-                           "judge the result: each Linear keeps whichever of GPTQ as asked, GPTQ without "
-                           "act-order and plain RTN does best on them (0: off).")
-
-    @field_validator("actorder", mode="before")
-    @classmethod
-    def _no_group_actorder(cls, v):
-        if v is False:  # YAML 1.1 reads a bare `off` as false, in recipe files and in --set alike
-            return "off"
-        if v == "group":
-            # the 'key' in ctx lets the error reporter point at this key's own line
-            raise PydanticCustomError(
-                "removed_actorder", "actorder 'group' writes a g_idx layout that current vLLM and compressed-"
-                "tensors refuse to load; use 'weight' (the same column order, groups kept in place)", {"key": v})
-        return v
-
-
-class AWQOptions(_Strict):
-    """AWQ: activation-aware per-channel scales folded into the preceding op (method awq or awq+gptq)."""
-
-    grid: int = Field(20, ge=2, description="Points of the alpha grid in [0, 1].")
-    duo: bool = Field(False, description="Use s = mean|x|^a / mean|w|^(1-a) instead of mean|x|^a.")
-    clip: bool = Field(True, description="Per-group clip search after scaling.")
-    search_tokens: int = Field(2048, ge=1, description="Calibration tokens (whole samples, at least one) the "
-                                                      "alpha search runs through each block; the main cost of AWQ.")
-    fallback: Literal["error", "rtn"] = Field(
-        "error", description="What to do with an architecture that has no AWQ map.")
-    # 0.1: on the full-range grid, across three calibration sources x three held-out texts (bench/cross_domain.py),
-    # it beat 0.05 and 0.2 on the mean and the worst text, alone and under GPTQ (docs/benchmarks.md)
-    min_gain: float = Field(0.1, ge=0, lt=1, description="Least share by which a stronger scaling must lower the "
-                            "block error against every milder one, no scaling (alpha 0) included; the mildest "
-                            "alpha within this share of the best is kept (0: the best). Formerly 'tolerance'.")
-    holdout: float = Field(0.2, ge=0, lt=1, description="Share of calibration samples kept out of the search "
-                           "to check its choices: a scale or clip that loses to plain RTN there is dropped (0: off).")
-    clip_prior_tokens: int = Field(2048, ge=0, description="The clip search drops prior / (prior + tokens) of "
-                                   "each Gram block's off-diagonal part, tokens being those it was measured on: "
-                                   "a few thousand tokens of one domain do not fit the clip to that domain's "
-                                   "channel correlations (0: the Gram as measured).")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _old_tolerance(cls, data):
-        # 'tolerance' hid what the knob does; recipes written with it keep working for one release
-        if isinstance(data, dict) and "tolerance" in data:
-            warnings.warn("quant.awq.tolerance is now quant.awq.min_gain (same meaning); rename it",
-                          FutureWarning, stacklevel=2)
-            data = {k: v for k, v in data.items() if k != "tolerance"} | {"min_gain": data["tolerance"]}
-        return data
-
-
-class SignRoundOptions(_Strict):
-    """Learned rounding (method signround): signed-gradient descent on rounding offsets and clip factors."""
-
-    iters: int = Field(40, ge=1, description="Signed-gradient steps per decoder layer (the AutoRound paper "
-                                             "uses 200; 40 is a CPU budget: 1.7x GPTQ's CPU time on SmolLM2-135M).")
-    lr: float | None = Field(None, gt=0, description="Step size, decaying linearly to 0; empty = 1 / iters.")
-    batch: int = Field(2, ge=1, description="Calibration samples per step.")
-    clip: bool = Field(True, description="Also learn each group's clip factors for its max and min (in [0.5, 1]).")
-    holdout: float = Field(0.125, ge=0, lt=1, description="Share of the calibration samples kept out of the "
-                                                        "descent; a layer whose learned rounding loses to RTN "
-                                                        "on them is rounded (RTN) instead.")
 
 
 class TargetOverride(_WithGroupSize):
@@ -130,7 +56,7 @@ class TargetOverride(_WithGroupSize):
 
 
 
-class MoEOptions(_Strict):
+class MoEOptions(StrictOptions):
     """Mixture-of-experts models: how experts get calibration tokens (every expert is quantised regardless)."""
 
     calibrate_all_experts: bool = Field(
@@ -175,7 +101,7 @@ class QuantOptions(_WithGroupSize):
 
 
 
-class CalibrationOptions(_Strict):
+class CalibrationOptions(StrictOptions):
     """The text the solvers see: used by gptq, awq, static fp8 and the fp8 KV cache; ignored by rtn."""
 
     spec: str = Field("self", description="Dataset name from calibration/, a local file or folder, or 'self'.")
@@ -188,7 +114,7 @@ class CalibrationOptions(_Strict):
     min_tokens: int = Field(32, ge=1, description="Shortest document kept in 'document' mode.")
 
 
-class EvalOptions(_Strict):
+class EvalOptions(StrictOptions):
     """Evaluation of the checkpoint against the float model, run by `quantkit run` after quantising."""
 
     data: str | None = Field(None, description="Perplexity text set spec (dataset name, local file or folder).")
@@ -225,7 +151,7 @@ class EvalOptions(_Strict):
         return self
 
 
-class DraftOptions(_Strict):
+class DraftOptions(StrictOptions):
     """A speculative-decoding draft head trained for the written checkpoint, by `quantkit run` after quantising
     (and after eval). Every field is also a `quantkit draft train` option (docs/drafts.md)."""
 
@@ -246,7 +172,7 @@ class DraftOptions(_Strict):
     seed: int = Field(0, description="Seed for the split, the data order and the head's initial weights.")
 
 
-class Recipe(_Strict):
+class Recipe(StrictOptions):
     """A whole quantisation run."""
 
     description: str | None = Field(None, description="Free text saying what the recipe is for; not used.")

@@ -30,14 +30,14 @@ from torch import nn
 from ..pipeline import capture
 from ..errors import UserError
 from ..schemes import Scheme, scale_dtype_for
-from .awq_clip import CLIP_PRIOR_TOKENS, GramAccumulator, apply_clip, decorrelation, group_width, search_clip
+from .awq_clip import GramAccumulator, apply_clip, decorrelation, group_width, search_clip
 from .awq_fold import fold_scales, prev_width
 from .awq_block import _capture_group, _GroupData, quantised_error
 from .awq_guard import guard_clip, held_out_grams, scale_guard, split_holdout
 from .awq_maps import ArchMap, ScaleGroup, map_for, mapped_architectures
+from .awq_options import SEARCH_TOKENS, AWQOptions
 from .base import LayerTransform
 
-SEARCH_TOKENS = 2048
 CLIP_GRID = 20
 CLIP_MAX_SHRINK = 0.5
 # floor of mean|x| and mean|w| before the power: a dead channel must not get a zero (or infinite) scale
@@ -86,24 +86,20 @@ class AWQTransform(LayerTransform):
     # quantkit.json keys: the chosen alpha, the block error with it and without scaling
     STAT_ALPHA, STAT_ERROR, STAT_BASE = "awq_alpha", "awq_block_error", "rtn_block_error"
 
-    def __init__(self, model, options: dict):
-        super().__init__(model, options)
-        self.grid = int(options.get("grid", 20))
-        self.duo = bool(options.get("duo", False))
-        self.clip = bool(options.get("clip", True))
-        self.min_gain = float(options.get("min_gain", 0.0))
-        self.search_tokens = int(options.get("search_tokens", SEARCH_TOKENS))
-        # share of calibration samples kept out of the search to check its choices (awq_guard.py); 0: no guard
-        self.holdout = float(options.get("holdout", 0.0))
-        self.clip_prior = int(options.get("clip_prior_tokens", CLIP_PRIOR_TOKENS))
+    def __init__(self, model, options: AWQOptions | None = None, scale_dtype: torch.dtype | None = None):
+        o = options or AWQOptions()
+        super().__init__(model, o)
+        self.grid, self.duo, self.clip, self.min_gain = o.grid, o.duo, o.clip, o.min_gain
+        # holdout: share of calibration samples kept out of the search to check its choices (awq_guard.py)
+        self.search_tokens, self.holdout, self.clip_prior = o.search_tokens, o.holdout, o.clip_prior_tokens
         # the dtype the checkpoint stores scales in (the plan's rule); None: the layer's own, float16 for float32
-        self.scale_dtype = options.get("scale_dtype")
+        self.scale_dtype = scale_dtype
         cfg = model.config
         self.arch: ArchMap | None = map_for(cfg)
         self.model_type = getattr(cfg, "model_type", type(model).__name__)
         if self.arch is None:
             mapped = ", ".join(mapped_architectures())
-            if options.get("fallback", "error") != "rtn":
+            if o.fallback != "rtn":
                 raise UserError(f"AWQ has no scaling map for model type '{self.model_type}' (mapped: {mapped}); "
                                 "use --method rtn or gptq, or --set quant.awq.fallback=rtn to quantise it without AWQ scaling")
             warnings.warn(f"AWQ has no scaling map for model type '{self.model_type}' (mapped: {mapped}); "

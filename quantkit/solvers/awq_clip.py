@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..schemes import Scheme
+from .awq_options import CLIP_PRIOR_TOKENS
 from .base import unit_rms
 from .rtn import dequantize_groups, qparams, quantize_groups
 
@@ -28,11 +29,6 @@ def group_width(scheme: Scheme, in_features: int) -> int:
 
 
 CLIP_DAMP = 0.1
-# 2048: halving the off-diagonal part on 2,048 tokens of Python took AWQ's worst held-out text (prose) from 58% to
-# 66% of the RTN gap (a third and three quarters did about as well, the diagonal alone less well); on 26k
-# self-generated tokens neither a half nor the 0.07 this gives moved AWQ or AWQ+GPTQ beyond the noise, so the
-# prior fades where the evidence is large (docs/benchmarks.md, "A clip that carries across domains")
-CLIP_PRIOR_TOKENS = 2048
 
 
 def decorrelation(tokens: int, prior: int = CLIP_PRIOR_TOKENS) -> float:

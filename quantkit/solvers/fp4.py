@@ -71,9 +71,6 @@ class FP4GPTQSolver(FP8GPTQSolver):
 
     input_scale_class = InputAbsmax
 
-    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
-        super().__init__(name, weight, scheme, {**options, "actorder": None})
-
 
 def solver_class(method: str, scheme: Scheme | None = None) -> type[LinearSolver]:
     if method.startswith("awq"):

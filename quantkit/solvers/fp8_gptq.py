@@ -19,6 +19,7 @@ from .gptq import GPTQSolver
 class FP8GPTQSolver(GPTQSolver):
     input_scale_class = InputScale  # the grid the static input scale is searched on (w8a8.py: INT8)
     balance_tokens = False  # measured with power-weighted H (docs/benchmarks.md); integer GPTQ balances tokens
+    keeps_column_order = True
 
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)

@@ -9,10 +9,10 @@ lazily per block of columns (one matmul per block for the columns after it), whi
 Grid and rounding come from rtn.py, so GPTQ and RTN quantise onto the same grid and the RTN fallback is the same
 code; FP8 schemes round onto the E4M3 grid with the absmax scale of solvers/fp8.py, fixed before the first column
 (solvers/fp8_gptq.py; FP4 onto E2M1 with searched group scales, solvers/fp4_grid.py; the grids are in gptq_grid.py,
-the Hessian's factor and its damping fallback in gptq_factor.py). Group scales are fixed when the group's first
-column comes up, from the group's weights as they are at that moment (already updated by earlier columns), except
-for act-order "weight" with static groups, whose scales come from the original weights so that column i keeps group
-i // group_size and no g_idx is needed.
+the Hessian's factor and its damping fallback in gptq_factor.py; the knobs and their defaults in gptq_options.py).
+Group scales are fixed when the group's first column comes up, from the group's weights as they are at that moment
+(already updated by earlier columns), except for act-order "weight" with static groups, whose scales come from the
+original weights so that column i keeps group i // group_size and no g_idx is needed.
 """
 from __future__ import annotations
 
@@ -33,19 +33,10 @@ from .fp4_grid import FP4Grid, fp4_quantize
 from .fp8 import fp8_quantize
 from .gptq_factor import drop_dead_channels, factor, output_error_from_updates, relative_output_error
 from .gptq_grid import FP8Grid, IntGrid
+from .gptq_options import GPTQOptions
 from .rtn import rtn_quantize
 
 log = logging.getLogger(__name__)
-
-def normalise_actorder(value) -> str | None:
-    """off (None, false, 'off', 'none') or 'weight'; 'group' is refused: its g_idx layout no longer loads in
-    vLLM or compressed-tensors (the recipe schema says so to the user first)."""
-    if value is None or value is False or (isinstance(value, str) and value.lower() in ("off", "none", "")):
-        return None
-    if isinstance(value, str) and value.lower() == "weight":
-        return "weight"
-    raise UserError(f"unknown actorder '{value}'; choose off or weight")
-
 
 def _check_finite(t: torch.Tensor, what: str, name: str) -> None:
     if not bool(torch.isfinite(t).all()):
@@ -112,7 +103,8 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
     weights as updated by then. Either way groups keep their original columns, so no g_idx is written.
     """
     t0 = time.perf_counter()
-    actorder = normalise_actorder(actorder)
+    if actorder not in (None, "weight"):  # GPTQOptions refuses 'group' to users; this guards direct callers
+        raise UserError(f"unknown actorder '{actorder}'; choose None (off) or 'weight'")
     gs = _check_inputs(w, H, scheme, block_size, name)
     out, n = w.shape
     w0 = w.detach().float()
@@ -206,21 +198,24 @@ def _current_rows(Wt, E1, U, i1: int, i2: int, i: int, cols: torch.Tensor) -> to
 class GPTQSolver(LinearSolver):
     """Accumulates H = 2 X Xᵀ / n over every calibration token (a running mean, one matmul per batch), then solves.
 
-    options: damp, block_size, actorder (None/"off" | "weight"; falls back to scheme.actorder),
-    static_groups, scale_dtype, clip_search, holdout (share of samples the pipeline sends to add_holdout
-    instead: they judge the solve, gptq_guard.py). balance_tokens: every token enters H at unit RMS (base.py:
+    options: {"gptq": GPTQOptions (gptq_options.py, the defaults; actorder off falls back to scheme.actorder;
+    holdout: the share of samples the pipeline sends to add_holdout instead, to judge the solve, gptq_guard.py),
+    "scale_dtype", "clip_search"}. balance_tokens: every token enters H at unit RMS (base.py:
     unit_rms); on SmolLM2 it took GPTQ from 33/11/35% of the RTN gap on three held-out texts to 70/50/57%.
     """
 
     needs_data = True
     balance_tokens = True
+    # FP8 and FP4 grids keep column order: on FP8 act-order gave better KL but worse perplexity (docs/benchmarks.md)
+    keeps_column_order = False
 
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
         super().__init__(name, weight, scheme, options)
         n = weight.shape[1]
         self.H = torch.zeros(n, n, dtype=torch.float32, device=weight.device)
         self.tokens = 0
-        self.holdout = float(options.get("holdout", 0.0))
+        self.gptq: GPTQOptions = options.get("gptq") or GPTQOptions()
+        self.holdout = self.gptq.holdout
         self.H_hold, self.hold_tokens = None, 0
 
     def _accumulate(self, H: torch.Tensor, seen: int, x: torch.Tensor) -> int:
@@ -247,16 +242,21 @@ class GPTQSolver(LinearSolver):
             self.H_hold = torch.zeros_like(self.H)
         self.hold_tokens = self._accumulate(self.H_hold, self.hold_tokens, x)
 
+    def actorder(self) -> str | None:
+        """'weight' or None (column order): the options' act-order, else the scheme's."""
+        if self.keeps_column_order:
+            return None
+        return "weight" if self.gptq.actorder == "weight" else self.scheme.actorder
+
     def _rtn(self) -> QWeight:
         o = self.options
         return round_to_nearest(self.weight, self.scheme, o.get("clip_search", False),
                                 o.get("scale_dtype", torch.float16))
 
     def _gptq(self, actorder: str | None) -> QWeight:
-        o = self.options
-        return gptq_quantize(self.weight, self.H, self.scheme, damp=o.get("damp", 0.01),
-                             block_size=o.get("block_size", 128), actorder=actorder,
-                             static_groups=o.get("static_groups", True),
+        o, g = self.options, self.gptq
+        return gptq_quantize(self.weight, self.H, self.scheme, damp=g.damp, block_size=g.block_size,
+                             actorder=actorder, static_groups=g.static_groups,
                              scale_dtype=o.get("scale_dtype", torch.float16),
                              clip_search=o.get("clip_search", False), name=self.name)
 
@@ -274,7 +274,7 @@ class GPTQSolver(LinearSolver):
         return qw
 
     def solve(self) -> QWeight:
-        actorder = normalise_actorder(self.options.get("actorder")) or normalise_actorder(self.scheme.actorder)
+        actorder = self.actorder()
         if self.tokens == 0:
             msg = f"GPTQ on layer '{self.name}': no calibration tokens reached it; this layer falls back to RTN"
             warnings.warn(msg, RuntimeWarning, stacklevel=2)

@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_map
 
 from ..schemes import Scheme
 from .base import LayerTransform, held_out_count
+from .signround_options import SignRoundOptions
 from .signround_quant import LearnedRounding
 
 
@@ -119,14 +120,12 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
 class SignRoundTransform(LayerTransform):
     """Finds the codes of a layer's integer Linears and hands them over as {"solved": {name: QWeight}}."""
 
-    def __init__(self, model, options: dict):
-        super().__init__(model, options)
-        self.iters = int(options.get("iters", 40))
-        self.lr = options.get("lr") or 1.0 / max(self.iters, 1)
-        self.batch = int(options.get("batch", 2))
-        self.clip = bool(options.get("clip", True))
-        self.holdout = float(options.get("holdout", 0.125))
-        self.scale_dtype = options.get("scale_dtype") or torch.float16
+    def __init__(self, model, options: SignRoundOptions | None = None, scale_dtype: torch.dtype | None = None):
+        o = options or SignRoundOptions()
+        super().__init__(model, o)
+        self.iters, self.batch, self.clip, self.holdout = o.iters, o.batch, o.clip, o.holdout
+        self.lr = o.lr or 1.0 / self.iters
+        self.scale_dtype = scale_dtype or torch.float16
 
     def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:
         paths = {m: p for p, m in layer.named_modules()}

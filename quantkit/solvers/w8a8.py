@@ -37,6 +37,7 @@ class W8A8GPTQSolver(FP8GPTQSolver):
     """GPTQ onto the INT8 grid (gptq.py picks the grid from the scheme); static input scales as above."""
 
     input_scale_class = Int8InputScale
+    keeps_column_order = False  # an integer grid: act-order as for weight-only schemes
 
 
 def solver_class(method: str, static: bool) -> type:
