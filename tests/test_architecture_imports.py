@@ -26,7 +26,8 @@ LAYERS = [
     ["quantkit.pipeline"],
     ["quantkit.job"],
     ["quantkit.runtime"],
-    ["quantkit.drafts", "quantkit.open_model", "quantkit.evaluate", "quantkit.serve", "quantkit.inspect_ckpt"],
+    ["quantkit.drafts", "quantkit.open_model", "quantkit.evaluate", "quantkit.serve", "quantkit.inspect_ckpt",
+     "quantkit.verify_ckpt"],
     ["quantkit.recipe_run"],
     ["quantkit.cli", "quantkit.testing"],
 ]

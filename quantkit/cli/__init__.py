@@ -11,7 +11,8 @@ from .common import app  # noqa: F401  (the typer app every command registers on
 
 def _register() -> None:
     # Imported for their @app.command side effect; kept in one place so the command list is visible.
-    from . import draft_cmd, estimate_cmd, eval_cmd, generate_cmd, inspect_cmd, quantize_cmd, recipe_cmd, serve_cmd  # noqa: F401
+    from . import (draft_cmd, estimate_cmd, eval_cmd, generate_cmd, inspect_cmd, quantize_cmd, recipe_cmd,  # noqa: F401
+                   serve_cmd, verify_cmd)
 
 
 def _quiet_libraries() -> None:

@@ -15,6 +15,8 @@ from ..qweight import QWeight
 from ..schemes import Scheme
 from .compressed_tensors import quantization_config, save_tensors, tensors_for
 from .fp4_tensors import share_global_scales
+from .manifest import KEY as MANIFEST_KEY
+from .manifest import build_manifest
 from .moe_names import is_router, to_checkpoint
 from .output import OutputClaim
 from .write_failure import write_failure
@@ -73,6 +75,8 @@ def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWei
             model.generation_config.save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        # last, over every file now in the folder: the digests of exactly what is renamed into place
+        meta = {**meta, MANIFEST_KEY: build_manifest(tmp)}
         (tmp / "quantkit.json").write_text(json.dumps(meta, indent=2, default=str))
         return claim.commit(tmp)
     except BaseException as e:

@@ -7,6 +7,7 @@ plain float model. Once loaded, linear/dispatch.py gives every Linear the layout
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -16,6 +17,7 @@ from ..errors import UserError
 from ..formats.compressed_tensors import load_tensors, module_targets
 from ..formats.integrity import check_layout, check_values
 from ..formats.json_files import read_json_object
+from ..formats.manifest import changed_since_written
 from ..formats.moe_names import from_checkpoint, to_checkpoint
 from ..formats.quant_config_check import check_group_fits, check_quantization_config
 from ..formats.safetensors_header import read_header
@@ -78,15 +80,26 @@ def check_weight_files(path: Path, quantised: bool) -> None:
         read_header(path / name)
 
 
+def warn_if_changed(path: Path) -> None:
+    """One warning line when the files differ from quantkit.json's manifest: a user may have edited config.json
+    on purpose, so it does not stop the load."""
+    change = changed_since_written(path)
+    if change:
+        logging.getLogger("quantkit").warning(f"warning: '{path}' is not as quantkit wrote it ({change}); if that "
+                                              f"was not on purpose, run quantkit verify {path}")
+
+
 def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None = None,
-         cpu_fast: bool = False, relayout: bool = False) -> nn.Module:
+         cpu_fast: bool = False, relayout: bool = False, check_manifest: bool = True) -> nn.Module:
     """cpu_fast: on CPU, run quantised layers through torch's packed int4/int8 ops with bf16 activations
     whatever the model dtype, and a float32 output head as a float16 copy (linear/half_head.py): the runtime's
     choice, much faster, ~1e-3 relative difference in logits. The default keeps the model's dtype exactly
     (dequantise + matmul).
     relayout: the runtime's own model, which only decodes: a float model's CPU weights are re-laid out for
     speed (linear/relayout.py), and the decode step's fused projections (linear/fused.py) are built now, before
-    any forward, and kept on the model (llama_step.attach_plan)."""
+    any forward, and kept on the model (llama_step.attach_plan).
+    check_manifest: warn when the files differ from quantkit.json's manifest (`quantkit verify` checks it
+    itself, in full)."""
     path = Path(path)
     qc = read_config(path).get("quantization_config")
     if isinstance(dtype, str):
@@ -100,6 +113,8 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     else:
         model = _load_quantised(path, qc, device, dtype)
     model.eval()
+    if check_manifest:
+        warn_if_changed(path)  # after the checks: a damaged checkpoint gets its one error line, not two
     dispatch.apply(model, cpu_fast=cpu_fast, relayout=relayout)
     if relayout:
         from . import llama_step
