@@ -108,7 +108,12 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     if qc is None:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto").to(device)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto").to(device)
+        # transformers raises many types for a config or weights it cannot use (ValueError, TypeError, its
+        # strict-dataclass errors, RuntimeError for a size mismatch); each means the folder is unusable
+        except Exception as e:  # noqa: BLE001
+            raise _unbuildable(path, e) from None
         check_values(path, model.state_dict())
     else:
         model = _load_quantised(path, qc, device, dtype)
@@ -125,6 +130,13 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     return model
 
 
+def _unbuildable(path: Path, e: Exception) -> UserError:
+    detail = " ".join(str(e).split())[:200]
+    return UserError(f"{path / 'config.json'} does not describe a model transformers can build "
+                     f"({type(e).__name__}: {detail}); restore it from the checkpoint quantkit wrote, or re-run "
+                     "quantkit quantize")
+
+
 def _build_empty(path: Path, config, dtype: torch.dtype) -> nn.Module:
     """The model config.json describes, with meta weights; a config transformers cannot build is one line."""
     from accelerate import init_empty_weights
@@ -133,10 +145,8 @@ def _build_empty(path: Path, config, dtype: torch.dtype) -> nn.Module:
     try:
         with init_empty_weights(include_buffers=False):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError) as e:
-        detail = " ".join(str(e).split())[:200]
-        raise UserError(f"{path / 'config.json'} does not describe a model transformers can build ({detail}); "
-                        "restore it from the checkpoint quantkit wrote, or re-run quantkit quantize") from None
+    except Exception as e:  # noqa: BLE001  (as in load: model classes check their config in many ways)
+        raise _unbuildable(path, e) from None
     unfuse_experts(model)  # per-expert Linears, as the checkpoint stores them
     return model
 
@@ -165,7 +175,10 @@ def _load_quantised(path: Path, qc: dict, device: str, dtype: torch.dtype | None
     """The model with every quantised Linear as the module dispatch.stored gives, loaded and on `device`."""
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001  (as in load: any failure here means config.json is unusable)
+        raise _unbuildable(path, e) from None
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")
     tensors = load_tensors(path)
