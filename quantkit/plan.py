@@ -20,7 +20,7 @@ from .recipe import Recipe
 from .recipe.schema import Method
 from .schemes import Scheme, fitting_group_size, get_scheme, scale_dtype_for
 from .solvers.awq_options import AWQOptions
-from .solvers.base import LinearSolver
+from .solvers.base import LinearSolver, SolveOptions
 from .solvers.signround_options import SignRoundOptions
 from .targets import matches
 
@@ -69,7 +69,7 @@ class Plan:
     schemes: dict[str, Scheme]  # every Linear to quantise, in model order
     method: str
     group_size: int | None  # the resolved default group size (None for fp8 schemes)
-    options: dict  # what every solver reads: scale_dtype, clip_search, and "gptq" (GPTQOptions)
+    options: SolveOptions  # what every solver reads: scale dtype, clip search, GPTQ's options
     needs_data: bool
     kv_scheme: dict | None = None
     awq: AWQOptions | None = None  # AWQ's options when the method scales first
@@ -168,9 +168,9 @@ def schemes_for(model: nn.Module, recipe: Recipe, group_size: int | None) -> dic
     return out
 
 
-def solver_options(recipe: Recipe, storage: torch.dtype) -> dict:
+def solver_options(recipe: Recipe, storage: torch.dtype) -> SolveOptions:
     q = recipe.quant
-    return {"clip_search": q.clip_search, "gptq": q.gptq, "scale_dtype": scale_dtype_for(storage)}
+    return SolveOptions(scale_dtype=scale_dtype_for(storage), clip_search=q.clip_search, gptq=q.gptq)
 
 
 def _smooth(q, schemes: dict[str, Scheme]) -> dict | None:
@@ -229,7 +229,7 @@ def apply_bit_budget(plan: Plan, model: nn.Module, recipe: Recipe, read_weight) 
         fits = [s for s in candidates if s.group_size == -1 or mod.in_features % s.group_size == 0]
         w = read_weight(name)
         options[name] = [Option(s, stored_bits(s, mod.out_features, mod.in_features, scale_bits),
-                                rounding_error(w, s, plan.options["scale_dtype"]), w.numel()) for s in fits]
+                                rounding_error(w, s, plan.options.scale_dtype), w.numel()) for s in fits]
     try:
         chosen = choose_widths(options, target)
     except ValueError as e:

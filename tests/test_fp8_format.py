@@ -12,6 +12,7 @@ from quantkit import e4m3
 from quantkit.errors import UserError
 from quantkit.linear.fp8 import FP8Linear
 from quantkit.schemes import get_scheme
+from quantkit.solvers.base import SolveOptions
 from quantkit.solvers.fp8 import INPUT_MARGIN, FP8Solver, fp8_quantize
 
 
@@ -122,7 +123,7 @@ def test_static_solver_input_scale_covers_the_calibration_absmax_with_the_margin
     scale keeps at least INPUT_MARGIN of headroom over it and at most one octave more."""
     g = torch.Generator().manual_seed(3)
     w = torch.randn(16, 32, generator=g)
-    s = FP8Solver("model.layers.0.mlp.up_proj", w, get_scheme("fp8"), {"scale_dtype": torch.bfloat16})
+    s = FP8Solver("model.layers.0.mlp.up_proj", w, get_scheme("fp8"), SolveOptions(scale_dtype=torch.bfloat16))
     assert s.needs_data
     batches = [torch.randn(10, 32, generator=g) * k for k in (1.0, 7.0, 2.0)]
     for b in batches:
@@ -138,14 +139,14 @@ def test_static_solver_input_scale_covers_the_calibration_absmax_with_the_margin
 
 def test_dynamic_solver_needs_no_data_and_static_without_data_is_a_user_error():
     w = torch.randn(8, 16, generator=torch.Generator().manual_seed(4))
-    dyn = FP8Solver("x", w, get_scheme("fp8-dynamic"), {})
+    dyn = FP8Solver("x", w, get_scheme("fp8-dynamic"))
     assert not dyn.needs_data and dyn.solve().input_scale is None
     with pytest.raises(UserError, match="fp8-dynamic"):
-        FP8Solver("lm_head", w, get_scheme("fp8"), {}).solve()
+        FP8Solver("lm_head", w, get_scheme("fp8")).solve()
 
 
 def test_non_finite_calibration_input_is_a_user_error_naming_the_layer():
-    s = FP8Solver("model.layers.1.self_attn.q_proj", torch.randn(4, 4), get_scheme("fp8"), {})
+    s = FP8Solver("model.layers.1.self_attn.q_proj", torch.randn(4, 4), get_scheme("fp8"))
     with pytest.raises(UserError, match="layers.1.self_attn.q_proj"):
         s.add_batch(torch.tensor([[1.0, float("inf"), 0.0, 2.0]]))
 

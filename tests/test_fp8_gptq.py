@@ -95,8 +95,8 @@ def test_static_solver_keeps_the_input_scale_and_dynamic_one_needs_data():
     assert solver_for("gptq", get_scheme("fp8")) is FP8GPTQSolver
     assert solver_for("gptq", get_scheme("fp8-dynamic")) is FP8GPTQSolver
     assert solver_for("awq+gptq", get_scheme("fp8")) is FP8GPTQSolver
-    static = FP8GPTQSolver("l", w, get_scheme("fp8"), {})
-    dyn = FP8GPTQSolver("l", w, get_scheme("fp8-dynamic"), {})
+    static = FP8GPTQSolver("l", w, get_scheme("fp8"))
+    dyn = FP8GPTQSolver("l", w, get_scheme("fp8-dynamic"))
     x = correlated_inputs(g, 40, 32)
     big = float(x.abs().max()) * 3
     x[27, 3] = -big  # the largest input, in the second batch: the static scale must cover it
@@ -116,7 +116,7 @@ def test_static_solver_keeps_the_input_scale_and_dynamic_one_needs_data():
 
 def test_solver_without_tokens_falls_back_to_absmax_rounding():
     w = torch.randn(8, 16, generator=torch.Generator().manual_seed(4))
-    qw = FP8GPTQSolver("l", w, get_scheme("fp8-dynamic"), {}).solve()
+    qw = FP8GPTQSolver("l", w, get_scheme("fp8-dynamic")).solve()
     assert torch.equal(qw.q.float(), fp8_quantize(w, get_scheme("fp8-dynamic")).q.float())
     assert qw.stats["fallback"] == "rtn"
 

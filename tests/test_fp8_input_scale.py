@@ -13,6 +13,7 @@ import torch
 
 from quantkit.errors import UserError
 from quantkit.schemes import get_scheme
+from quantkit.solvers.base import SolveOptions
 from quantkit.solvers.fp8 import FP8Solver
 from quantkit.solvers.fp8_input_scale import INPUT_MARGIN, InputScale, candidate_scales
 from test_fp8_format import e4m3_round_ref
@@ -133,7 +134,7 @@ def test_static_solver_writes_the_searched_scale():
     g = torch.Generator().manual_seed(5)
     x = activations(g)
     w = torch.randn(24, x.shape[1], generator=g)
-    solver = FP8Solver("model.layers.0.mlp.up_proj", w, get_scheme("fp8"), {"scale_dtype": torch.bfloat16})
+    solver = FP8Solver("model.layers.0.mlp.up_proj", w, get_scheme("fp8"), SolveOptions(scale_dtype=torch.bfloat16))
     obs = InputScale("model.layers.0.mlp.up_proj", w)
     for part in x.split(30):
         solver.add_batch(part)
@@ -218,10 +219,10 @@ def test_share_inputs_touches_only_static_fp8_solvers():
     g = torch.Generator().manual_seed(9)
     x = activations(g)
     w = [torch.randn(16, x.shape[1], generator=g) for _ in range(4)]
-    q = FP8Solver("q", w[0], get_scheme("fp8"), {})
-    k = FP8GPTQSolver("k", w[1], get_scheme("fp8"), {})
-    v = FP8Solver("v", w[2], get_scheme("fp8-dynamic"), {})
-    o = RTNSolver("o", w[3], get_scheme("w4a16"), {})
+    q = FP8Solver("q", w[0], get_scheme("fp8"))
+    k = FP8GPTQSolver("k", w[1], get_scheme("fp8"))
+    v = FP8Solver("v", w[2], get_scheme("fp8-dynamic"))
+    o = RTNSolver("o", w[3], get_scheme("w4a16"))
     for s in (q, k, v, o):
         s.add_batch(x)
     own_q = q.inputs

@@ -12,6 +12,7 @@ from quantkit.errors import UserError
 from quantkit.formats.pack import pack_int32
 from quantkit.kernels import reference
 from quantkit.schemes import Scheme
+from quantkit.solvers.base import SolveOptions
 from quantkit.solvers.gptq import GPTQSolver, gptq_quantize
 from quantkit.solvers.gptq_options import GPTQOptions
 from quantkit.solvers.rtn import rtn_quantize
@@ -208,7 +209,8 @@ def test_solver_accumulates_running_hessian_over_uneven_batches():
     x = correlated_inputs(g, 300, 32)
     w = torch.randn(16, 32, generator=g)
     # the options a user gets by default (act-order weight) but for the block size
-    solver = GPTQSolver("model.layers.0.mlp.up_proj", w, scheme(4, True, 16), {"gptq": GPTQOptions(block_size=8)})
+    solver = GPTQSolver("model.layers.0.mlp.up_proj", w, scheme(4, True, 16),
+                        SolveOptions(gptq=GPTQOptions(block_size=8)))
     x[::37] *= 50  # a few tokens with outsized activations: balanced, they weigh as much as any other
     for chunk in (x[:7], x[7:100].reshape(3, 31, 32), x[100:]):  # [tokens, in] and [batch, seq, in] both accepted
         solver.add_batch(chunk)
@@ -230,7 +232,7 @@ def test_fp8_gptq_keeps_the_power_weighted_hessian():
     g = torch.Generator().manual_seed(3)
     x = correlated_inputs(g, 300, 32)
     x[::37] *= 50
-    solver = FP8GPTQSolver("l", torch.randn(16, 32, generator=g), get_scheme("fp8-dynamic"), {})
+    solver = FP8GPTQSolver("l", torch.randn(16, 32, generator=g), get_scheme("fp8-dynamic"))
     solver.add_batch(x)
     expected = 2 * x.double().t() @ x.double() / 300
     torch.testing.assert_close(solver.H.double(), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
@@ -240,8 +242,8 @@ def test_solver_takes_actorder_from_options_or_scheme():
     g = torch.Generator().manual_seed(4)
     x = correlated_inputs(g, 128, 32)
     w = torch.randn(8, 32, generator=g)
-    off = {"gptq": GPTQOptions(actorder="off")}
-    for opts, sch, expect in [({}, scheme(4, True, 8), "weight"),  # GPTQOptions' default, as users get it
+    off = SolveOptions(gptq=GPTQOptions(actorder="off"))
+    for opts, sch, expect in [(None, scheme(4, True, 8), "weight"),  # GPTQOptions' default, as users get it
                               (off, scheme(4, True, 8, actorder="weight"), "weight"),
                               (off, scheme(4, True, 8), None)]:
         solver = GPTQSolver("l", w, sch, opts)
@@ -324,12 +326,12 @@ def test_nan_weights_and_inf_inputs_are_user_errors_naming_the_layer():
     bad_w[2, 5] = float("nan")
     with pytest.raises(UserError, match="model.layers.1.self_attn.o_proj"):
         gptq_quantize(bad_w, hessian(x), scheme(4, True, 8), name="model.layers.1.self_attn.o_proj")
-    solver = GPTQSolver("model.layers.2.mlp.down_proj", w, scheme(4, True, 8), {})
+    solver = GPTQSolver("model.layers.2.mlp.down_proj", w, scheme(4, True, 8))
     bad_x = x.clone()
     bad_x[10, 3] = float("inf")
     with pytest.raises(UserError, match="model.layers.2.mlp.down_proj"):
         solver.add_batch(bad_x)
-    solver = GPTQSolver("model.layers.2.mlp.gate_proj", bad_w, scheme(4, True, 8), {})
+    solver = GPTQSolver("model.layers.2.mlp.gate_proj", bad_w, scheme(4, True, 8))
     solver.add_batch(x)
     with pytest.raises(UserError, match="model.layers.2.mlp.gate_proj"):
         solver.solve()
@@ -337,7 +339,7 @@ def test_nan_weights_and_inf_inputs_are_user_errors_naming_the_layer():
 
 def test_no_tokens_falls_back_to_rtn_with_warning():
     w = torch.randn(8, 16, generator=torch.Generator().manual_seed(10))
-    solver = GPTQSolver("model.layers.5.mlp.experts.3.up_proj", w, scheme(4, True, 8), {})
+    solver = GPTQSolver("model.layers.5.mlp.experts.3.up_proj", w, scheme(4, True, 8))
     with pytest.warns(RuntimeWarning, match="experts.3.up_proj"):
         qw = solver.solve()
     assert qw.stats["fallback"] == "rtn"

@@ -7,14 +7,14 @@ from quantkit.pipeline import quantize_model
 from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.schemes import Scheme
-from quantkit.solvers.base import held_out_count
+from quantkit.solvers.base import SolveOptions, held_out_count
 from quantkit.solvers.gptq import GPTQSolver, gptq_quantize
 from quantkit.solvers.gptq_options import GPTQOptions
 from quantkit.solvers.gptq_guard import choose
 from quantkit.solvers.rtn import rtn_quantize
 
 W4 = Scheme("w4a16", 4, "int", True, 32)
-OPTS = {"gptq": GPTQOptions(actorder="weight", holdout=0.2), "scale_dtype": torch.float32}
+OPTS = SolveOptions(scale_dtype=torch.float32, gptq=GPTQOptions(actorder="weight", holdout=0.2))
 
 
 def _err64(w, deq, H):

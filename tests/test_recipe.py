@@ -266,7 +266,7 @@ def test_guards_and_awq_min_gain_default_to_the_measured_settings():
     assert (q.awq.min_gain, q.awq.holdout, q.gptq.holdout) == (0.1, 0.2, 0.1)
     r = apply_overrides(Recipe(), {"quant.method": "awq+gptq", "quant.gptq.holdout": 0, "quant.awq.min_gain": 0})
     plan = build_plan(tiny_model("llama"), r)
-    assert plan.awq.min_gain == 0 and solver_options(r, plan.storage_dtype)["gptq"].holdout == 0
+    assert plan.awq.min_gain == 0 and solver_options(r, plan.storage_dtype).gptq.holdout == 0
 
 
 def test_awq_tolerance_is_an_old_name_for_min_gain(tmp_path):

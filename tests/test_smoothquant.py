@@ -29,7 +29,7 @@ def test_smoothing_fold_keeps_logits(arch):
     with torch.no_grad():
         before = model(ids).logits
     plan = build_plan(model, W8A8)
-    t = SmoothQuantTransform(model, {**plan.smooth, "scale_dtype": torch.float32})
+    t = SmoothQuantTransform(model, plan.smooth["alpha"], torch.float32)
     names = {m: n for n, m in model.named_modules()}
     layers_name, layers = decoder_layers(model)
     inputs = capture.first_layer_inputs(model, layers, _calib(), "cpu")
@@ -86,4 +86,4 @@ def test_unmapped_architecture_is_a_user_error():
                                num_hidden_layers=1, vocab_size=128)
     model = AutoModelForCausalLM.from_config(cfg)
     with pytest.raises(UserError, match="SmoothQuant has no scaling map for model type 'gpt_neox'"):
-        SmoothQuantTransform(model, {"alpha": None})
+        SmoothQuantTransform(model)

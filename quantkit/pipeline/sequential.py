@@ -35,19 +35,19 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
     if plan.smooth is not None:
         from ..solvers.smoothquant import SmoothQuantTransform
 
-        out.append(SmoothQuantTransform(model, {**plan.smooth, "scale_dtype": plan.options["scale_dtype"]}))
+        out.append(SmoothQuantTransform(model, plan.smooth["alpha"], plan.options.scale_dtype))
     if plan.awq is not None:
         from ..solvers.awq import AWQTransform
 
-        out.append(AWQTransform(model, plan.awq, plan.options["scale_dtype"]))
+        out.append(AWQTransform(model, plan.awq, plan.options.scale_dtype))
     if plan.signround is not None:
         from ..solvers.signround import SignRoundTransform
 
-        out.append(SignRoundTransform(model, plan.signround, plan.options["scale_dtype"]))
+        out.append(SignRoundTransform(model, plan.signround, plan.options.scale_dtype))
     if plan.kv_scheme is not None:
         from ..solvers.kv_scales import KVScaleObserver
 
-        out.append(KVScaleObserver(model, {}))
+        out.append(KVScaleObserver(model))
     return out
 
 

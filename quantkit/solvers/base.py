@@ -1,10 +1,25 @@
-"""The interface the pipeline drives: one LinearSolver per quantised Linear."""
+"""The interface the pipeline drives: one LinearSolver per quantised Linear, and what the plan hands each one."""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import torch
 
 from ..qweight import QWeight
 from ..schemes import Scheme
+from .gptq_options import GPTQOptions
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """What plan.build_plan hands every LinearSolver: the dtype the checkpoint stores scales in (the plan's rule,
+    schemes.scale_dtype_for), whether rounding searches each group's clipping range (recipe quant.clip_search),
+    and GPTQ's options, read by the GPTQ solvers only. SolveOptions() is what a solver built bare (in a test)
+    gets: the recipe's defaults, float16 scales."""
+
+    scale_dtype: torch.dtype = torch.float16
+    clip_search: bool = False
+    gptq: GPTQOptions = field(default_factory=GPTQOptions)
 
 
 def unit_rms(x: torch.Tensor) -> torch.Tensor:
@@ -17,18 +32,17 @@ def unit_rms(x: torch.Tensor) -> torch.Tensor:
 class LinearSolver:
     """Feed it the Linear's inputs with add_batch (if needs_data), then call solve once.
 
-    name is the module's full name, used in warnings and errors. options holds the method's knobs
-    (the resolved recipe's `method` section as a dict).
+    name is the module's full name, used in warnings and errors; options: the plan's SolveOptions.
     """
 
     needs_data: bool = False
     holdout: float = 0.0  # share of the calibration samples the pipeline sends to add_holdout instead
 
-    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None):
         self.name = name
         self.weight = weight
         self.scheme = scheme
-        self.options = options
+        self.options = options or SolveOptions()
 
     def add_batch(self, x: torch.Tensor) -> None:  # x: [tokens, in_features]
         pass
@@ -69,10 +83,11 @@ class LayerTransform:
 
     apply() receives the layer, its calibration inputs (capture.LayerInputs) and {module: (name, Scheme)} of
     the layer's targeted Linears; it may modify the layer's float weights in place (keeping the float function
-    unchanged) and returns {"stats": {linear_name: {...}}, "tensors": {checkpoint_key: tensor}}.
+    unchanged) and returns {"stats": {linear_name: {...}}, "tensors": {checkpoint_key: tensor}}. options: the
+    transform's own options model (AWQOptions, SignRoundOptions), None for one without knobs.
     """
 
-    def __init__(self, model, options: dict):
+    def __init__(self, model, options=None):
         self.model = model
         self.options = options
 

@@ -13,7 +13,7 @@ from .. import fp4
 from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
-from .base import LinearSolver
+from .base import LinearSolver, SolveOptions
 from .fp4_grid import fp4_quantize
 from .fp8_gptq import FP8GPTQSolver
 
@@ -54,7 +54,7 @@ class FP4StaticSolver(FP4Solver):
 
     needs_data = True
 
-    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None):
         super().__init__(name, weight, scheme, options)
         self.inputs = InputAbsmax(name)
 

@@ -11,7 +11,7 @@ import torch
 from .. import e4m3
 from ..qweight import QWeight
 from ..schemes import Scheme
-from .base import LinearSolver
+from .base import LinearSolver, SolveOptions
 from .fp8_input_scale import INPUT_MARGIN, InputScale  # noqa: F401  (INPUT_MARGIN: part of this module's API)
 
 
@@ -48,7 +48,7 @@ class FP8Solver(LinearSolver):
     needs_data = True
     input_scale_class = InputScale  # the grid the static input scale is searched on (w8a8.py: INT8)
 
-    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None):
         super().__init__(name, weight, scheme, options)
         self.needs_data = scheme.activations == "static"
         self.inputs = self.input_scale_class(name, weight) if self.needs_data else None
@@ -58,7 +58,7 @@ class FP8Solver(LinearSolver):
             self.inputs.add(x)
 
     def solve(self) -> QWeight:
-        scale_dtype = self.options.get("scale_dtype", torch.float16)
+        scale_dtype = self.options.scale_dtype
         qw = self.quantize_weight(scale_dtype)
         if self.scheme.activations == "static":
             self.inputs.attach(qw, scale_dtype)

@@ -12,6 +12,7 @@ import torch
 
 from ..qweight import QWeight
 from ..schemes import Scheme
+from .base import SolveOptions
 from .fp8_input_scale import InputScale
 from .gptq import GPTQSolver
 
@@ -21,7 +22,7 @@ class FP8GPTQSolver(GPTQSolver):
     balance_tokens = False  # measured with power-weighted H (docs/benchmarks.md); integer GPTQ balances tokens
     keeps_column_order = True
 
-    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None):
         super().__init__(name, weight, scheme, options)
         self.inputs = self.input_scale_class(name, weight) if scheme.activations == "static" else None
 
@@ -38,5 +39,5 @@ class FP8GPTQSolver(GPTQSolver):
     def solve(self) -> QWeight:
         qw = super().solve()
         if self.inputs is not None:
-            self.inputs.attach(qw, self.options.get("scale_dtype", torch.float16))
+            self.inputs.attach(qw, self.options.scale_dtype)
         return qw

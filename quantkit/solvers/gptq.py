@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
 from . import gptq_guard
-from .base import LinearSolver, unit_rms
+from .base import LinearSolver, SolveOptions, unit_rms
 from .fp4_grid import FP4Grid, fp4_quantize
 from .fp8 import fp8_quantize
 from .gptq_factor import drop_dead_channels, factor, output_error_from_updates, relative_output_error
@@ -198,9 +198,8 @@ def _current_rows(Wt, E1, U, i1: int, i2: int, i: int, cols: torch.Tensor) -> to
 class GPTQSolver(LinearSolver):
     """Accumulates H = 2 X Xᵀ / n over every calibration token (a running mean, one matmul per batch), then solves.
 
-    options: {"gptq": GPTQOptions (gptq_options.py, the defaults; actorder off falls back to scheme.actorder;
-    holdout: the share of samples the pipeline sends to add_holdout instead, to judge the solve, gptq_guard.py),
-    "scale_dtype", "clip_search"}. balance_tokens: every token enters H at unit RMS (base.py:
+    options.gptq: GPTQOptions (actorder off falls back to scheme.actorder; holdout: the share of samples the
+    pipeline sends to add_holdout instead, to judge the solve, gptq_guard.py). balance_tokens: every token enters H at unit RMS (base.py:
     unit_rms); on SmolLM2 it took GPTQ from 33/11/35% of the RTN gap on three held-out texts to 70/50/57%.
     """
 
@@ -209,12 +208,12 @@ class GPTQSolver(LinearSolver):
     # FP8 and FP4 grids keep column order: on FP8 act-order gave better KL but worse perplexity (docs/benchmarks.md)
     keeps_column_order = False
 
-    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: dict):
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None):
         super().__init__(name, weight, scheme, options)
         n = weight.shape[1]
         self.H = torch.zeros(n, n, dtype=torch.float32, device=weight.device)
         self.tokens = 0
-        self.gptq: GPTQOptions = options.get("gptq") or GPTQOptions()
+        self.gptq: GPTQOptions = self.options.gptq
         self.holdout = self.gptq.holdout
         self.H_hold, self.hold_tokens = None, 0
 
@@ -249,16 +248,13 @@ class GPTQSolver(LinearSolver):
         return "weight" if self.gptq.actorder == "weight" else self.scheme.actorder
 
     def _rtn(self) -> QWeight:
-        o = self.options
-        return round_to_nearest(self.weight, self.scheme, o.get("clip_search", False),
-                                o.get("scale_dtype", torch.float16))
+        return round_to_nearest(self.weight, self.scheme, self.options.clip_search, self.options.scale_dtype)
 
     def _gptq(self, actorder: str | None) -> QWeight:
         o, g = self.options, self.gptq
         return gptq_quantize(self.weight, self.H, self.scheme, damp=g.damp, block_size=g.block_size,
-                             actorder=actorder, static_groups=g.static_groups,
-                             scale_dtype=o.get("scale_dtype", torch.float16),
-                             clip_search=o.get("clip_search", False), name=self.name)
+                             actorder=actorder, static_groups=g.static_groups, scale_dtype=o.scale_dtype,
+                             clip_search=o.clip_search, name=self.name)
 
     def _guarded(self, actorder: str | None, qw: QWeight) -> QWeight:
         """The guard's pick among GPTQ as asked, without act-order and RTN; a GPTQ pick refitted on every token."""

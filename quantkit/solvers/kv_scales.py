@@ -87,15 +87,15 @@ class KVScaleObserver(LayerTransform):
     """Pipeline transform: records each decoder layer's KV statistics over the calibration inputs.
 
     It runs before the layer's Linears are solved, i.e. on the float k_proj/v_proj of this layer fed by the
-    already-quantised previous layers; options: {"margin": float}.
+    already-quantised previous layers.
     """
 
-    def __init__(self, model, options: dict):
-        super().__init__(model, options)
+    def __init__(self, model):
+        super().__init__(model)
         from ..models.hf import decoder_layers
 
         self.layers_name, _ = decoder_layers(model)
-        self.margin = float(options.get("margin", DEFAULT_MARGIN))
+        self.margin = DEFAULT_MARGIN
         self.dtype = next(model.parameters()).dtype
 
     def apply(self, layer_index: int, layer, inputs, targets: dict) -> dict:

@@ -110,7 +110,5 @@ class RTNSolver(LinearSolver):
     needs_data = False
 
     def solve(self) -> QWeight:
-        o = self.options
-        return rtn_quantize(self.weight, self.scheme, clip_search=o.get("clip_search", False),
-                            clip_grid=o.get("clip_grid", 20), clip_max_shrink=o.get("clip_max_shrink", 0.5),
-                            scale_dtype=o.get("scale_dtype", torch.float16))
+        return rtn_quantize(self.weight, self.scheme, clip_search=self.options.clip_search,
+                            scale_dtype=self.options.scale_dtype)

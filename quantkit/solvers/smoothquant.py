@@ -51,13 +51,14 @@ def fake_quantize_input(x: torch.Tensor, per_token: bool) -> torch.Tensor:
 class SmoothQuantTransform(AWQTransform):
     STAT_ALPHA, STAT_ERROR, STAT_BASE = "smooth_alpha", "smooth_block_error", "unsmoothed_block_error"
 
-    def __init__(self, model, options: dict):
-        LayerTransform.__init__(self, model, options)
-        self.alpha = options.get("alpha")
+    def __init__(self, model, alpha: float | None = None, scale_dtype: torch.dtype | None = None):
+        """alpha: recipe quant.smooth_alpha (None: searched per layer); scale_dtype as AWQTransform's."""
+        LayerTransform.__init__(self, model)
+        self.alpha = alpha
         self.grid, self.duo, self.clip = GRID, False, False
         self.holdout = 0.0  # AWQ's held-out guard scores weight-only scaling; SmoothQuant's error is W8A8's
-        self.search_tokens = int(options.get("search_tokens", SEARCH_TOKENS))
-        self.scale_dtype = options.get("scale_dtype")
+        self.search_tokens = SEARCH_TOKENS
+        self.scale_dtype = scale_dtype
         self.model_type = getattr(model.config, "model_type", type(model).__name__)
         self.arch = map_for(model.config)
         if self.arch is None:

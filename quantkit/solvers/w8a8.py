@@ -23,7 +23,7 @@ class W8A8Solver(FP8Solver):
     input_scale_class = Int8InputScale
 
     def quantize_weight(self, scale_dtype: torch.dtype) -> QWeight:
-        return rtn_quantize(self.weight, self.scheme, clip_search=self.options.get("clip_search", False),
+        return rtn_quantize(self.weight, self.scheme, clip_search=self.options.clip_search,
                             scale_dtype=scale_dtype)
 
 
