@@ -98,10 +98,10 @@ def damaged(ckpt, tmp_path):
 @pytest.fixture
 def run_cli(cli, monkeypatch):
     """The in-process CLI, with serve unable to start a server: a load that wrongly succeeds fails the test."""
-    import uvicorn
+    import quantkit.cli.serve_cmd as serve_cmd
 
     def no_server(*a, **k):
         raise AssertionError("serve got past loading the checkpoint")
 
-    monkeypatch.setattr(uvicorn, "run", no_server)
+    monkeypatch.setattr(serve_cmd, "run", no_server)
     return cli

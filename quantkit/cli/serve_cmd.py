@@ -15,11 +15,13 @@ def _names(values: Optional[list[str]]) -> tuple[str, ...]:
     return tuple(v.strip() for value in values or [] for v in value.split(",") if v.strip())
 
 
-def check_options(kv_cache: str, counts: dict[str, int]) -> None:
+def check_options(kv_cache: str, counts: dict[str, int], header_timeout: float = 10.0) -> None:
     from ..errors import UserError
 
     if kv_cache not in ("auto", "fp8"):
         raise UserError(f"unknown --kv-cache '{kv_cache}'; choose auto or fp8")
+    if not 0 < header_timeout <= 3600:
+        raise UserError(f"--header-timeout must be between 0 and 3600 seconds, got {header_timeout}")
     for name, v in counts.items():
         if v < 1:
             raise UserError(f"{name} must be at least 1, got {v}")
@@ -104,6 +106,8 @@ def serve_cmd(
     allowed_hosts: Optional[list[str]] = typer.Option(None, "--allowed-hosts", help="more Host names to accept besides the bound address (comma-separated or repeated; '*': any)"),
     allowed_origins: Optional[list[str]] = typer.Option(None, "--allowed-origins", help="web origins allowed to call the API from a browser (CORS; default: none)"),
     max_body_bytes: int = typer.Option(2 << 20, "--max-body-bytes", help="largest request body accepted (413 beyond)"),
+    header_timeout: float = typer.Option(10.0, "--header-timeout", help="seconds a connection has to send a request's headers before it is closed"),
+    max_connections: int = typer.Option(512, "--max-connections", help="open connections (and requests in flight) beyond which requests get 503"),
     kv_cache: str = typer.Option("auto", "--kv-cache", help="KV cache dtype: auto (model dtype) or fp8"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 (CPU default), float16, bfloat16"),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when this torch sees a GPU, else CPU), cpu, cuda or cuda:N"),
@@ -120,8 +124,9 @@ def serve_cmd(
     from ..runtime import build
     from ..serve.config import ServeConfig
 
-    check_options(kv_cache, {"--max-batch": max_batch, "--max-queue": max_queue,
-                             "--num-speculative-tokens": num_speculative_tokens, "--max-body-bytes": max_body_bytes})
+    check_options(kv_cache, {"--max-batch": max_batch, "--max-queue": max_queue, "--max-connections": max_connections,
+                             "--num-speculative-tokens": num_speculative_tokens, "--max-body-bytes": max_body_bytes},
+                  header_timeout)
     device = build.resolve_device(device)
     sock = bind(host, port)
     port = sock.getsockname()[1]
@@ -137,16 +142,21 @@ def serve_cmd(
     name = model_name or Path(build.resolve_path(path)).name
     config = ServeConfig(max_tokens_limit=max_tokens_limit, clamp_max_tokens=clamp_max_tokens, api_key=api_key or None,
                          host=host, allowed_hosts=_names(allowed_hosts), allowed_origins=_names(allowed_origins),
-                         max_body_bytes=max_body_bytes)
-    if as_json:
-        emit_json({"model": name, "host": host, "port": port, "draft": draft, "prompt_lookup": prompt_lookup,
-                   "num_speculative_tokens": num_speculative_tokens, "max_batch": max_batch, "max_queue": max_queue,
-                   "compare": base.name if base else None, "compile": compile_, "api_key": bool(api_key),
-                   "device": device})
-    else:
-        console.print(f"serving '{name}' on http://{host}:{port}/v1, playground at http://{host}:{port}/ "
-                      "(Ctrl-C to stop)")
+                         max_body_bytes=max_body_bytes, header_timeout=header_timeout, max_connections=max_connections)
+    _announce(as_json, {"model": name, "host": host, "port": port, "draft": draft, "prompt_lookup": prompt_lookup,
+                        "num_speculative_tokens": num_speculative_tokens, "max_batch": max_batch, "max_queue": max_queue,
+                        "compare": base.name if base else None, "compile": compile_, "api_key": bool(api_key),
+                        "device": device})
     run(engine, base, name, config, sock)
+
+
+def _announce(as_json: bool, settings: dict) -> None:
+    """The resolved settings as JSON, or the one line saying where the server is."""
+    if as_json:
+        emit_json(settings)
+        return
+    url = f"http://{settings['host']}:{settings['port']}"
+    console.print(f"serving '{settings['model']}' on {url}/v1, playground at {url}/ (Ctrl-C to stop)")
 
 
 def run(engine, base, name: str, config, sock: socket.socket) -> None:
@@ -154,11 +164,13 @@ def run(engine, base, name: str, config, sock: socket.socket) -> None:
     import uvicorn
 
     from ..serve.app import create_app
+    from ..serve.http_limits import header_deadline_protocol
     from ..serve.playground import mount
 
     try:
         app_ = mount(create_app(engine, name, config), compare=base)
-        uvicorn.Server(uvicorn.Config(app_, log_level="warning")).run(sockets=[sock])
+        uvicorn.Server(uvicorn.Config(app_, log_level="warning", http=header_deadline_protocol(config.header_timeout),
+                                      limit_concurrency=config.max_connections)).run(sockets=[sock])
     finally:
         sock.close()
         for e in [engine] + ([base.engine] if base else []):

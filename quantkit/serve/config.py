@@ -20,6 +20,8 @@ class ServeConfig:
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    header_timeout: float = 10.0  # seconds a connection has for a request's headers (http_limits.py)
+    max_connections: int = 512  # open connections and requests in flight beyond which requests get 503
     guard: bool = True  # off for an app mounted inside another one, whose guard already ran
 
 
