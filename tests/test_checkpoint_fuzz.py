@@ -20,6 +20,7 @@ from damage import WEIGHTS, read_raw, write_raw
 
 import quantkit
 from quantkit.errors import UserError
+from quantkit.inspect_ckpt import inspect_checkpoint
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
 
@@ -62,6 +63,21 @@ def _deadline(seconds: int):
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
+
+
+def _inspect_is_sane(folder, case: str) -> None:
+    """inspect reads only headers: a one-line UserError, or sizes no larger than the files it read."""
+    try:
+        with _deadline(PER_CASE_S):
+            info = inspect_checkpoint(folder)
+    except UserError as e:
+        assert "\n" not in str(e), f"{case}: inspect: {e}"
+        return
+    except Exception as e:  # noqa: BLE001
+        raise AssertionError(f"{case}: inspect raised {type(e).__name__}: {e}") from e
+    on_disk = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+    assert 0 < info["total_bytes"] <= on_disk, f"{case}: inspect reports {info['total_bytes']} of {on_disk} bytes"
+    assert all(0 < r["bits_per_weight"] < 64 for r in info["layers"]), f"{case}: {info['layers'][:1]}"
 
 
 # -- mutations: each takes (folder, rng) and returns what it did ------------------------------------------------
@@ -203,5 +219,6 @@ def test_mutated_checkpoints_refuse_or_answer_the_same(tiny, tmp_path, caplog):
             warned = any("not as quantkit wrote it" in r.getMessage() for r in caplog.records)
             assert got == want or warned, f"case {i} ({what}): a different answer {got} != {want} with no warning"
             seen["same" if got == want else "warned"] += 1
+        _inspect_is_sane(folder, f"case {i} ({what})")
         shutil.rmtree(folder)
     assert seen["refused"] > CASES // 3 and seen["same"] > 0, seen
