@@ -141,6 +141,7 @@ def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_
 
     import transformers
 
+    from .formats.manifest import source_identity
     from .version import __version__
 
     from .models.moe import experts_modules
@@ -153,6 +154,7 @@ def _metadata(recipe: Recipe, plan: Plan, result, src, source_bytes: int, calib_
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
         "source_model": str(src),
+        **source_identity(Path(src)),
         "source_bytes": source_bytes,
         "recipe": resolved.model_dump(mode="json"),
         **({"method_reason": plan.method_reason} if plan.method_reason else {}),

@@ -81,3 +81,15 @@ def test_no_manifest_is_said_not_assumed(run_cli, damaged):
     assert code == 1 and "no manifest" in report["manifest"]["problems"][0]
     code, out, err = run_cli("generate", damaged, "--prompt", "hi", "--max-tokens", "2")
     assert code == 0 and "warning" not in err
+
+
+def test_source_model_identity_is_recorded(ckpt, tmp_path):
+    from quantkit.formats.manifest import source_identity
+
+    meta = json.loads((ckpt / "quantkit.json").read_text())
+    src_config = (ckpt.parent / "src" / "config.json").read_bytes()
+    assert meta["source_config_sha256"] == hashlib.sha256(src_config).hexdigest()
+    assert meta["quantkit_version"]
+    snapshot = tmp_path / "models--x--y" / "snapshots" / ("ab12" * 10)
+    snapshot.mkdir(parents=True)
+    assert source_identity(snapshot) == {"source_revision": "ab12" * 10}

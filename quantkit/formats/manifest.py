@@ -9,6 +9,7 @@ what people edit on purpose, so a load of a large checkpoint does not read its w
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 from ..errors import UserError
@@ -65,6 +66,18 @@ def manifest_problems(folder: Path, manifest, full: bool = True) -> list[str]:
     extra = [p.relative_to(folder).as_posix() for p in _files(folder) if p.relative_to(folder).as_posix() not in files]
     problems += [f"{name} was added" for name in extra if name.endswith((".safetensors", ".json"))]
     return problems
+
+
+def source_identity(src: Path) -> dict:
+    """What identifies the source model, where it is known cheaply: its Hugging Face revision when SRC is a hub
+    snapshot (.../snapshots/<commit>), and the digest of its config.json. Its weights are not hashed: that
+    would read the whole model once more."""
+    out = {}
+    if src.parent.name == "snapshots" and re.fullmatch(r"[0-9a-f]{40}", src.name):
+        out["source_revision"] = src.name
+    if (src / "config.json").is_file():
+        out["source_config_sha256"] = sha256_file(src / "config.json")
+    return out
 
 
 def changed_since_written(folder: Path) -> str | None:
