@@ -8,6 +8,8 @@ from __future__ import annotations
 import typer
 from typer.core import TyperCommand
 
+from ..errors import UserError
+
 # flag taking a value -> the recipe field it sets
 VALUE_FLAGS = {
     "--damp": "quant.gptq.damp", "--block-size": "quant.gptq.block_size", "--actorder": "quant.gptq.actorder",
@@ -48,8 +50,6 @@ def _as_set(arg: str, following: list[str]) -> tuple[str, int] | None:
     if eq:
         return f"{VALUE_FLAGS[flag]}={inline}", 0
     if not following:
-        from ..errors import UserError
-
         raise UserError(f"{flag} needs a value; it is now --set {VALUE_FLAGS[flag]}=VALUE")
     return f"{VALUE_FLAGS[flag]}={following[0]}", 1
 
