@@ -243,3 +243,23 @@ def sampled_pair_frequencies(target, draft, prompt: list[int], vocab: int, n: in
             b, c = seq.output_ids()[1:3]
             counts[b * vocab + c] += 1
     return counts / n
+
+
+def deadline(seconds: int):
+    """A context manager that raises TimeoutError in the main thread after SECONDS (SIGALRM): for fuzz cases,
+    each of which must answer, not hang."""
+    import signal
+    from contextlib import contextmanager
+
+    @contextmanager
+    def timer():
+        def hang(*_):
+            raise TimeoutError(f"no answer in {seconds} s")
+        old = signal.signal(signal.SIGALRM, hang)
+        signal.alarm(seconds)
+        try:
+            yield
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, old)
+    return timer()

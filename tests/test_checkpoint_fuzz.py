@@ -11,8 +11,6 @@ import logging
 import math
 import random
 import shutil
-import signal
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -24,7 +22,7 @@ from quantkit.inspect_ckpt import inspect_checkpoint
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
 
-from helpers import make_tiny_model
+from helpers import deadline, make_tiny_model
 
 SEED, CASES, PER_CASE_S = 37, 280, 20
 PROMPT = [3, 17, 42, 9]
@@ -52,23 +50,10 @@ def _greedy(folder) -> list[int]:
     return generate(model, PROMPT, SamplingParams(max_tokens=4, ignore_eos=True)).output_ids()
 
 
-@contextmanager
-def _deadline(seconds: int):
-    def hang(*_):
-        raise TimeoutError(f"no answer in {seconds} s")
-    old = signal.signal(signal.SIGALRM, hang)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-
-
 def _inspect_is_sane(folder, case: str) -> None:
     """inspect reads only headers: a one-line UserError, or sizes no larger than the files it read."""
     try:
-        with _deadline(PER_CASE_S):
+        with deadline(PER_CASE_S):
             info = inspect_checkpoint(folder)
     except UserError as e:
         assert "\n" not in str(e), f"{case}: inspect: {e}"
@@ -208,7 +193,7 @@ def test_mutated_checkpoints_refuse_or_answer_the_same(tiny, tmp_path, caplog):
         what = MUTATIONS[i % len(MUTATIONS)](folder, rng)
         caplog.clear()
         try:
-            with _deadline(PER_CASE_S), caplog.at_level(logging.WARNING, logger="quantkit"):
+            with deadline(PER_CASE_S), caplog.at_level(logging.WARNING, logger="quantkit"):
                 got = _greedy(folder)
         except UserError as e:
             assert "\n" not in str(e) and str(e), f"case {i} ({what}): {e!r}"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,21 +13,10 @@ from quantkit.data.local import load_local
 from quantkit.errors import UserError
 from quantkit.recipe import parse_recipe
 
+from helpers import deadline
+
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 CASES, PER_CASE_S = 300, 10
-
-
-@contextmanager
-def _deadline(seconds: int):
-    def hang(*_):
-        raise TimeoutError(f"no answer in {seconds} s")
-    old = signal.signal(signal.SIGALRM, hang)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def _bomb(rng) -> str:
@@ -85,7 +72,7 @@ def test_mutated_recipes_parse_or_refuse_in_one_line(tmp_path):
     for i in range(CASES):
         text, how = _mutate_text(rng.choice(texts), rng)
         try:
-            with _deadline(PER_CASE_S):
+            with deadline(PER_CASE_S):
                 parse_recipe(text, "r.yaml", tmp_path)
             outcomes["parsed"] += 1
         except UserError as e:
@@ -112,7 +99,7 @@ def test_mutated_calibration_files_load_or_refuse_in_one_line(tmp_path, suffix):
         path = tmp_path / f"c{i}{suffix}"
         path.write_text(text, errors="surrogatepass")
         try:
-            with _deadline(PER_CASE_S):
+            with deadline(PER_CASE_S):
                 corpus = load_local(path, "text")
             assert all(isinstance(r, str) for r in corpus.rows[:50]), f"case {i} ({how})"
         except UserError as e:
