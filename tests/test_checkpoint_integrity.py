@@ -3,6 +3,8 @@ config field), what was expected and what was found; exit 2 from generate and se
 quantkit.load. Each test is one of the issue's reproduced defects."""
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
 from damage import ckpt, damaged, run_cli  # noqa: F401  (fixtures)
@@ -117,3 +119,22 @@ def test_overlapping_offsets_are_refused(run_cli, damaged):
     write_raw(damaged, head, data)
     for cmd in ("generate", "inspect"):
         one_line_error(run_cli(*_args(cmd, damaged)), "overlap")
+
+
+@pytest.fixture
+def float_copy(ckpt, tmp_path):
+    """A copy of the float model the checkpoint was quantised from (a folder the runtime also serves)."""
+    shutil.copytree(ckpt.parent / "src", tmp_path / "float")
+    return tmp_path / "float"
+
+
+def test_float_model_with_a_cut_embedding_is_refused(run_cli, float_copy):
+    """A float folder goes through transformers, whose size mismatch was a traceback pointing at a report."""
+    edit_tensors(float_copy, lambda t: t.__setitem__("model.embed_tokens.weight", t["model.embed_tokens.weight"][:1000]))
+    one_line_error(run_cli(*_args("generate", float_copy)), "model.embed_tokens.weight is [1000, 64]", "[49152, 64]")
+
+
+def test_float_model_with_a_nan_weight_is_refused(float_copy):
+    edit_tensors(float_copy, _set("model.norm.weight", float("nan"), (3,)))
+    with pytest.raises(UserError, match=r"model.norm.weight holds 1 non-finite value\(s\) \(first nan at \[3\]\)"):
+        quantkit.load(float_copy)

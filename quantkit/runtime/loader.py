@@ -106,15 +106,7 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
         dtype = _DTYPES[dtype]
     check_weight_files(path, quantised=qc is not None)
     if qc is None:
-        from transformers import AutoModelForCausalLM
-
-        try:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto").to(device)
-        # transformers raises many types for a config or weights it cannot use (ValueError, TypeError, its
-        # strict-dataclass errors, RuntimeError for a size mismatch); each means the folder is unusable
-        except Exception as e:  # noqa: BLE001
-            raise _unbuildable(path, e) from None
-        check_values(path, model.state_dict())
+        model = _load_float(path, device, dtype)
     else:
         model = _load_quantised(path, qc, device, dtype)
     model.eval()
@@ -127,6 +119,28 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
         setattr(model, llama_step.RELAYOUT_ATTR, True)
         if llama_step.supports(model):
             llama_step.attach_plan(model)
+    return model
+
+
+def _load_float(path: Path, device: str, dtype: torch.dtype | None) -> nn.Module:
+    """A float folder through transformers, its shapes checked against config.json first and its values after."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from ..models.hf import meta_model
+    from ..models.shape_check import check_weights_match
+
+    try:
+        check_weights_match(path, meta_model(AutoConfig.from_pretrained(path), dtype or torch.float32))
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto").to(device)
+    except UserError:
+        raise
+    # transformers raises many types for a config or weights it cannot use (ValueError, TypeError, its
+    # strict-dataclass errors, RuntimeError for a size mismatch); each means the folder is unusable
+    except Exception as e:  # noqa: BLE001
+        detail = " ".join(str(e).split())[:200]
+        raise UserError(f"cannot load the model in '{path}' ({type(e).__name__}: {detail}); copy it again or "
+                        "re-save it with save_pretrained") from None
+    check_values(path, model.state_dict())
     return model
 
 
