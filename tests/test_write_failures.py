@@ -46,7 +46,7 @@ def test_file_size_limit_is_one_line(tmp_path, src, cli, overwrite):
     """`ulimit -f`: exit 1 with SafetensorError, before."""
     out = tmp_path / "out"
     before = _earlier_checkpoint(src, out, cli) if overwrite else None
-    limit = 64 * 1024  # the weights file is ~1 MB; everything quantkit reads stays readable
+    limit = 64 * 1024  # the weights file is ~700 KB; everything quantkit reads stays readable
     proc = subprocess.run(QUANTIZE + [str(src), "-o", str(out)] + ["--overwrite"] * overwrite, capture_output=True,
                           text=True, timeout=300,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
@@ -55,23 +55,30 @@ def test_file_size_limit_is_one_line(tmp_path, src, cli, overwrite):
     assert (tree_hash(out) == before) if overwrite else not out.exists()
 
 
-def test_full_disk_is_one_line(tmp_path, src):
-    """A real full disk: a 300 KB tmpfs in a private mount namespace (exit 1 with SafetensorError, before)."""
-    disk = tmp_path / "disk"
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_full_disk_is_one_line(tmp_path, src, overwrite):
+    """A real full disk: a small tmpfs in a private mount namespace (exit 1 with SafetensorError, before). With
+    --overwrite, a first checkpoint fits and a second beside it does not."""
+    disk, size = tmp_path / "disk", "1100k" if overwrite else "300k"  # a checkpoint is ~730 KB
     disk.mkdir()
+    first = f"{shlex.join(QUANTIZE)} {src} -o {disk}/out 2>/dev/null" if overwrite else "true"
     script = textwrap.dedent(f"""
         set -e
-        mount -t tmpfs -o size=300k tmpfs {disk}
+        mount -t tmpfs -o size={size} tmpfs {disk}
+        {first}
+        (cd {disk} && find . -type f | sort | xargs -r sha256sum) > {tmp_path}/before
         set +e
-        {shlex.join(QUANTIZE)} {src} -o {disk}/out 2>{tmp_path}/err
+        {shlex.join(QUANTIZE)} {src} -o {disk}/out --overwrite 2>{tmp_path}/err
         echo $? > {tmp_path}/rc
+        (cd {disk} && find . -type f | sort | xargs -r sha256sum) > {tmp_path}/after
         ls -A {disk} > {tmp_path}/left
     """)
     proc = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     _one_line(int((tmp_path / "rc").read_text()), (tmp_path / "err").read_text(),
               f"in '{disk}' failed: No space left on device", "free some space")
-    assert (tmp_path / "left").read_text().split() == []  # no partial folder, no lock file
+    assert (tmp_path / "left").read_text().split() == (["out"] if overwrite else [])  # no partial folder, no lock
+    assert (tmp_path / "before").read_text() == (tmp_path / "after").read_text()  # the first checkpoint intact
 
 
 @pytest.mark.parametrize("raised, words", [
