@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from . import distributed
 from .errors import UserError
 from .plan import Plan, apply_bit_budget, build_plan
 from .recipe import Recipe
@@ -31,8 +32,20 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, lazy: bool = True) -> 
     for name in [recipe.quant.scheme, *(t.scheme for t in recipe.quant.targets)]:
         get_scheme(name)
     src = resolve_model_dir(recipe.model)  # once: a hub id means a snapshot lookup; below, the folder is used
-    with OutputClaim(Path(recipe.output), src, recipe.overwrite) as claim:
-        return _run(recipe, src, claim, progress, lazy)
+    distributed.init_from_env(recipe.device)
+    with distributed.peer_failures():
+        if distributed.rank() != 0:  # under torchrun rank 0 alone claims OUT and writes; the others compute
+            if not distributed.agree(True):
+                raise UserError("rank 0 could not claim the output folder (its message says why); nothing was written")
+            return _run(recipe, src, None, None, lazy)
+        try:
+            claim = OutputClaim(Path(recipe.output), src, recipe.overwrite)
+        except BaseException:
+            distributed.agree(False)
+            raise
+        distributed.agree(True)
+        with claim:
+            return _run(recipe, src, claim, progress, lazy)
 
 
 def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
@@ -109,12 +122,17 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
         plan = apply_bit_budget(plan, model, recipe, _weight_reader(model, weights))
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
     calib, calib_meta = _calibration(recipe, model, tok, src) if plan.needs_data else (None, None)
+    if calib is not None:  # data-parallel: this process calibrates on its share of the samples
+        calib = distributed.shard(calib)
     result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights)
     dropped = {f"{n}.weight" for n in result.qweights}
     stray = [k for k in meta_tensors(model) if k not in dropped]
     if stray:  # a bug, not bad input: the writer would save empty tensors
         raise RuntimeError(f"tensors never read from the source model: {', '.join(stray[:5])}")
     meta = _metadata(recipe, plan, result, src, source_bytes, calib_meta, model)
+    meta["processes"] = distributed.world()
+    if claim is None:  # not rank 0: the same layers were solved here, rank 0 writes them
+        return {"output": None, "rank": distributed.rank()}
     path = write_checkpoint(claim.out, model, result.qweights, plan.schemes, tok, meta, result.tensors,
                             plan.kv_scheme, recipe.overwrite, dtype=storage, claim=claim)
     errs = [s.get("weight_rel_error") for s in result.stats.values() if s.get("weight_rel_error") is not None]

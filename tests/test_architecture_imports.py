@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "quantkit"
 # module can sit below the rest of its package (pipeline.capture is what AWQ's block search runs).
 LAYERS = [
     ["quantkit.version", "quantkit.errors", "quantkit.e4m3", "quantkit.fp4", "quantkit.schemes", "quantkit.qweight",
-     "quantkit.targets", "quantkit.shipped"],
+     "quantkit.targets", "quantkit.shipped", "quantkit.distributed"],
     ["quantkit.formats"],
     ["quantkit.kernels"],
     ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.pipeline.capture"],
@@ -30,6 +30,7 @@ LAYERS = [
      "quantkit.verify_ckpt"],
     ["quantkit.recipe_run"],
     ["quantkit.cli", "quantkit.testing"],
+    ["quantkit.__main__"],  # `python -m quantkit` (how torchrun starts it): the CLI, nothing else
 ]
 RANK = {prefix: i for i, group in enumerate(LAYERS) for prefix in group}
 # the package itself (quantkit/__init__.py) is the public facade, `quantkit.load`: above everything it offers

@@ -1,6 +1,7 @@
 """`quantkit quantize` and `quantkit demo`."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import typer
@@ -21,6 +22,8 @@ def _progress(quiet: bool):
 def _run(recipe, quiet: bool, as_json: bool) -> None:
     from ..job import quantize_to_checkpoint
 
+    if int(os.environ.get("RANK", "0")) > 0:  # under torchrun rank 0 alone shows progress and the summary
+        quiet, as_json = True, False
     prog = _progress(quiet or as_json)
     if prog is None:
         summary = quantize_to_checkpoint(recipe)
@@ -29,7 +32,7 @@ def _run(recipe, quiet: bool, as_json: bool) -> None:
             summary = quantize_to_checkpoint(recipe, progress=prog)
     if as_json:
         emit_json(summary)
-    elif not quiet:
+    elif not quiet and summary["output"] is not None:
         err = summary["mean_weight_rel_error"]
         console.print(f"[green]wrote[/] {summary['output']}: {summary['layers']} layers, {summary['scheme']} "
                       f"{summary['method']} g{summary['group_size']}, mean weight error "

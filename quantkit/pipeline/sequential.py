@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .. import distributed
 from ..errors import UserError
 from ..models.hf import decoder_layers
 from ..plan import Plan
@@ -31,6 +32,8 @@ class QuantizeResult:
 
 
 def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
+    if distributed.active():
+        _refuse_unpooled(plan)
     out: list[LayerTransform] = []
     if plan.smooth is not None:
         from ..solvers.smoothquant import SmoothQuantTransform
@@ -49,6 +52,16 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
 
         out.append(KVScaleObserver(model))
     return out
+
+
+def _refuse_unpooled(plan: Plan) -> None:
+    """The layer transforms search on the captured inputs themselves; they do not pool across ranks yet."""
+    which = [name for name, on in (("AWQ", plan.awq is not None), ("SmoothQuant", plan.smooth is not None),
+                                   ("learned rounding", plan.signround is not None),
+                                   ("the FP8 KV cache", plan.kv_scheme is not None)) if on]
+    if which:
+        raise UserError(f"{' and '.join(which)} cannot run data-parallel yet ({distributed.world()} processes); "
+                        "with torchrun use --method gptq or rtn (FP8/INT8 schemes included), or run one process")
 
 
 class _Solve:
@@ -70,13 +83,37 @@ class _Solve:
         return self.plan.make_solver(name, w, method)
 
     def __call__(self, name: str, solver: LinearSolver) -> None:
+        self.apply(name, self.solved_by(name, solver))
+
+    def all(self, jobs: list[tuple[str, LinearSolver]]) -> None:
+        """Solve and apply each (name, solver). With several ranks, each Linear is solved once, on the rank it
+        is dealt by cost, and broadcast, so every rank goes on with the same quantised layer."""
+        if not distributed.active():
+            for name, solver in jobs:
+                self(name, solver)
+            return
+        ranks = distributed.owners([_cost(s) for _, s in jobs])
+        mine = {name: self.solved_by(name, s) for (name, s), r in zip(jobs, ranks) if r == distributed.rank()}
+        for (name, _), r in zip(jobs, ranks):
+            self.apply(name, distributed.broadcast(mine.get(name), r))
+
+    def solved_by(self, name: str, solver: LinearSolver) -> QWeight:
         t = time.time()
         qw = solver.solve()
         qw.stats.setdefault("seconds", round(time.time() - t, 4))
         qw.stats["scheme"] = self.plan.schemes[name].name
+        return qw
+
+    def apply(self, name: str, qw: QWeight) -> None:
         mod = self.modules[name]
         mod.weight.data = qw.dequantize().to(mod.weight.device, mod.weight.dtype)
         self.result.qweights[name] = qw
+
+
+def _cost(solver: LinearSolver) -> float:
+    """Relative solve time: GPTQ-like solvers factor an in x in Hessian and sweep it over every output row."""
+    out_features, in_features = solver.weight.shape
+    return out_features * in_features * (in_features if solver.needs_data else 1)
 
 
 def quantize_model(model: nn.Module, plan: Plan, calib_samples: list[torch.Tensor] | None = None,
@@ -99,15 +136,16 @@ def quantize_model(model: nn.Module, plan: Plan, calib_samples: list[torch.Tenso
     else:
         for i in range(len(layers)):
             stream.load(i)
-            for n in stream.targets(i):
-                solve(n, solve.make(n))
+            solve.all([(n, solve.make(n)) for n in stream.targets(i)])
             stream.release(i)
             prog.layer(f"layer {i + 1}/{len(layers)}")
+    outside = []
     for n in plan.schemes:  # Linears outside the decoder layers (e.g. an un-ignored lm_head): no activations kept
         if not n.startswith(layers_name + "."):
             solver = solve.make(n)
             # rounding on the scheme's own grid (a static fp8 one still needs its inputs)
-            solve(n, solve.make(n, "rtn") if solver.needs_data else solver)
+            outside.append((n, solve.make(n, "rtn") if solver.needs_data else solver))
+    solve.all(outside)
     result.seconds = time.time() - t0
     for n, qw in result.qweights.items():
         result.stats.setdefault(n, {}).update(qw.stats)
@@ -159,13 +197,15 @@ def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
         fed = dict.fromkeys(stage, 0)
         if any(s.needs_data for s in solvers.values()):
             # the last samples go to the solvers' held-out guards (gptq_guard.py), the same ones AWQ keeps out
-            held = held_out_count(len(inputs.hidden), max(s.holdout for s in solvers.values()))
+            # with several ranks the held-out samples are the same ones a single process would hold out
+            n_all = distributed.Pool.count(len(inputs.hidden))
+            held = held_out_count(n_all, max(s.holdout for s in solvers.values()))
             sample = [0]
 
             def sink(mod, x):
                 x = x.reshape(-1, x.shape[-1])
                 fed[mod] += x.shape[0]
-                if sample[0] >= len(inputs.hidden) - held:
+                if distributed.global_index(sample[0]) >= n_all - held:
                     solvers[mod].add_holdout(x)
                 else:
                     solvers[mod].add_batch(x)
@@ -176,11 +216,17 @@ def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
 
             with stages.ExpertFeed(stage, experts, solve.plan.moe.get("calibrate_all_experts", False)):
                 capture.feed_group(layer, stage, inputs, sink, next_sample)
+            if distributed.active():  # each rank fed its share of the samples: pool what the solvers saw
+                for s in solvers.values():
+                    s.reduce(distributed.Pool)
+                fed = {m: distributed.Pool.count(n) for m, n in fed.items()}
             share_inputs(list(solvers.values()))
+        jobs = []
         for m, s in solvers.items():
             if m in experts:
                 s = _expert_solver(m, s, fed[m], experts[m], names[m], solve)
-            solve(names[m], s)
+            jobs.append((names[m], s))
+        solve.all(jobs)
 
 
 def _expert_solver(mod, solver: LinearSolver, tokens: int, owner, name: str, solve: _Solve) -> LinearSolver:

@@ -51,8 +51,22 @@ class LinearSolver:
         """A held-out sample's inputs; a solver without a guard learns from them like any other."""
         self.add_batch(x)
 
+    def reduce(self, pool) -> None:
+        """Data-parallel runs: pool the statistics gathered from this rank's samples with every other rank's
+        (pool: distributed.Pool, in-place sum and max); after it, each rank holds what one process fed every
+        sample would. A solver that keeps no statistics has nothing to pool."""
+
     def solve(self) -> QWeight:
         raise NotImplementedError
+
+
+def pooled_mean(mean: torch.Tensor, seen: int, pool) -> tuple[torch.Tensor, int]:
+    """A running mean over SEEN tokens made the mean over every rank's tokens: each rank's share weighs it."""
+    total = pool.count(seen)
+    if total:
+        mean.mul_(seen / total)
+        pool.sum(mean)
+    return mean, total
 
 
 def held_out_count(samples: int, fraction: float) -> int:

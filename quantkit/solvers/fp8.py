@@ -57,6 +57,10 @@ class FP8Solver(LinearSolver):
         if self.needs_data:
             self.inputs.add(x)
 
+    def reduce(self, pool) -> None:
+        if self.needs_data:
+            self.inputs.reduce(pool)
+
     def solve(self) -> QWeight:
         scale_dtype = self.options.scale_dtype
         qw = self.quantize_weight(scale_dtype)

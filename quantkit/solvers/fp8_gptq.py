@@ -36,6 +36,11 @@ class FP8GPTQSolver(GPTQSolver):
         if self.inputs is not None:  # the input scale is not judged by the guard: it learns from every sample
             self.inputs.add(x)
 
+    def reduce(self, pool) -> None:
+        super().reduce(pool)
+        if self.inputs is not None:
+            self.inputs.reduce(pool)
+
     def solve(self) -> QWeight:
         qw = super().solve()
         if self.inputs is not None:

@@ -87,6 +87,12 @@ class InputScale:
             self.hist += torch.bincount(pos, weights=weight, minlength=_NBINS).double()
         self.tokens += x.shape[0]
 
+    def reduce(self, pool) -> None:
+        """Every rank's inputs counted (distributed.Pool): the histograms add, the absmax is the largest."""
+        self.amax = pool.max(self.amax.float().reshape(()).clone())
+        pool.sum(self.hist)
+        self.tokens = pool.count(self.tokens)
+
     def merged(self, others: list["InputScale"]) -> "InputScale":
         """Statistics of Linears that read the same inputs, scored together: the sum of each one's per-token
         relative output error (the histograms add; absmax and token counts are the same inputs seen again)."""

@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
 from . import gptq_guard
-from .base import LinearSolver, SolveOptions, unit_rms
+from .base import LinearSolver, SolveOptions, pooled_mean, unit_rms
 from .fp4_grid import FP4Grid, fp4_quantize
 from .fp8 import fp8_quantize
 from .gptq_factor import drop_dead_channels, factor, output_error_from_updates, relative_output_error
@@ -240,6 +240,13 @@ class GPTQSolver(LinearSolver):
         if self.H_hold is None:
             self.H_hold = torch.zeros_like(self.H)
         self.hold_tokens = self._accumulate(self.H_hold, self.hold_tokens, x)
+
+    def reduce(self, pool) -> None:
+        self.H, self.tokens = pooled_mean(self.H, self.tokens, pool)
+        if self.holdout > 0:  # every rank joins, whether or not its share held any samples out
+            held = self.H_hold if self.H_hold is not None else torch.zeros_like(self.H)
+            held, self.hold_tokens = pooled_mean(held, self.hold_tokens, pool)
+            self.H_hold = held if self.hold_tokens else None
 
     def actorder(self) -> str | None:
         """'weight' or None (column order): the options' act-order, else the scheme's."""

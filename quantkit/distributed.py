@@ -1,0 +1,133 @@
+"""Quantising with several processes: torch.distributed, as torchrun starts it.
+
+`torchrun --nproc-per-node N -m quantkit quantize MODEL -o OUT ...` (and --nnodes with a rendezvous for several
+machines) runs N copies of the same job. Calibration is data-parallel: each rank feeds its share of the samples
+through the layer, and the statistics a solver reads are pooled across ranks (sums of Hessians and histograms,
+maxima of ranges). Solving is weight-parallel: the Linears of a stage are dealt to ranks by cost, each is solved
+once, and the results are broadcast so every rank feeds the next layer the same quantised output. Only rank 0
+writes. Nothing here is a process pool or a protocol of its own: torchrun launches, torch.distributed carries.
+
+A single process (no WORLD_SIZE, or 1) never touches torch.distributed: every helper is then the identity.
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .errors import UserError
+
+
+def init_from_env(device: str) -> None:
+    """Join the process group torchrun describes; NCCL for GPUs, gloo for CPUs."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
+        return
+    gpu = device.startswith("cuda")
+    if gpu:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    # a rank waits for the others' solves of a layer; a 400B layer's GPTQ takes minutes, not hours
+    dist.init_process_group("nccl" if gpu else "gloo", timeout=timedelta(minutes=60))
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def shard(items: list) -> list:
+    """This rank's share of the calibration samples (every world()-th one, from its rank on)."""
+    if not active():
+        return items
+    if len(items) < world():
+        raise UserError(f"{len(items)} calibration samples cannot be shared by {world()} processes; pass "
+                        f"--num-samples {world()} or more, or start fewer processes")
+    return items[rank()::world()]
+
+
+def _device() -> str:
+    return "cuda" if dist.get_backend() == "nccl" else "cpu"
+
+
+def global_index(local: int) -> int:
+    """The position in the whole calibration set of this rank's LOCAL-th sample (see shard)."""
+    return local * world() + rank()
+
+
+class Pool:
+    """The reductions a solver's statistics need, in place, across every rank."""
+
+    @staticmethod
+    def sum(t: torch.Tensor) -> torch.Tensor:
+        if active():
+            dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return t
+
+    @staticmethod
+    def max(t: torch.Tensor) -> torch.Tensor:
+        if active():
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
+    @staticmethod
+    def count(n: int) -> int:
+        if not active():
+            return n
+        return int(Pool.sum(torch.tensor([n], dtype=torch.float64, device=_device())).item())
+
+
+def owners(costs: list[float]) -> list[int]:
+    """A rank for each job: the costliest first, each to the least loaded rank (the same answer on every rank)."""
+    load = [0.0] * world()
+    out = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        r = min(range(len(load)), key=lambda r: (load[r], r))
+        out[i] = r
+        load[r] += costs[i]
+    return out
+
+
+def broadcast(obj, src: int):
+    """OBJ from rank SRC on every rank (pickled; tensors travel on the CPU)."""
+    if not active():
+        return obj
+    box = [obj if rank() == src else None]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def agree(ok: bool) -> bool:
+    """True when every rank says ok: a rank that fails before the first collective must not leave the others
+    waiting in it."""
+    if not active():
+        return ok
+    flag = torch.tensor([0.0 if ok else 1.0], device=_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0.0
+
+
+@contextmanager
+def peer_failures():
+    """A collective that fails because another rank stopped becomes one line (torchrun names that rank)."""
+    try:
+        yield
+    except RuntimeError as e:
+        if not active() or not (isinstance(e, dist.DistError) or "closed by peer" in str(e)
+                                or "Connection reset" in str(e)):
+            raise
+        raise UserError(f"process {rank()} of {world()}: another process of this run stopped "
+                        f"({str(e).splitlines()[0][:200]}); nothing was written to the output folder") from None
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
