@@ -15,20 +15,50 @@ from quantkit.runtime.sampling import SamplingParams
 from quantkit.testing.models import single_thread, tiny_llama
 
 
-def test_prefill_groups_bound_padding_and_size():
+def _check_groups(lengths, groups, max_tokens, max_pad):
+    """The promises of prefill_groups (engine.py): every prompt in exactly one group; a shared group keeps its
+    padded size (rows x longest) within max_tokens and within max_pad of its real tokens; groups hold prompts of
+    neighbouring lengths; and a group is only closed when the next prompt by length could not join it."""
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))  # every prompt exactly once
+
+    def fits(members):
+        longest, real = max(lengths[i] for i in members), sum(lengths[i] for i in members)
+        return len(members) * longest <= max_pad * real and len(members) * longest <= max_tokens
+
+    for g in groups:
+        assert len(g) == 1 or fits(g), [lengths[i] for i in g]
+    spans = sorted((min(lengths[i] for i in g), max(lengths[i] for i in g)) for g in groups)
+    for (_, hi), (lo, _) in zip(spans, spans[1:]):
+        assert hi <= lo, spans  # no group's lengths reach into another's: similar prompts go together
+    by_len = sorted(groups, key=lambda g: min(lengths[i] for i in g))
+    for g, nxt in zip(by_len, by_len[1:]):
+        shortest_next = min(nxt, key=lengths.__getitem__)
+        assert not fits(g + [shortest_next]), "two groups that could have shared one forward"
+
+
+def test_prefill_groups_keep_their_limits_on_random_lengths():
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(300):
+        n = int(torch.randint(0, 25, (1,), generator=gen))
+        lengths = torch.randint(1, 3000, (n,), generator=gen).tolist()
+        if trial % 3 == 0:  # clusters of near-equal lengths, as a burst of similar requests gives
+            lengths = [100 + int(x) % 7 for x in lengths]
+        max_tokens = int(torch.randint(16, 4096, (1,), generator=gen))
+        max_pad = 1.0 + float(torch.rand(1, generator=gen))
+        _check_groups(lengths, prefill_groups(lengths, max_tokens=max_tokens, max_pad=max_pad), max_tokens,
+                      max_pad)
     lengths = [128, 5, 130, 127, 6, 40, 2000, 129, 3]
     groups = prefill_groups(lengths, max_tokens=600, max_pad=1.25)
-    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))  # every prompt exactly once
-    for g in groups:
-        longest, real = max(lengths[i] for i in g), sum(lengths[i] for i in g)
-        assert len(g) == 1 or (len(g) * longest <= 1.25 * real and len(g) * longest <= 600)
+    _check_groups(lengths, groups, 600, 1.25)
     assert [6] in groups  # longer than max_tokens: alone
-    assert sorted([0, 2, 3, 7]) in [sorted(g) for g in groups]  # the four ~128-token prompts share one forward
-    assert prefill_groups([]) == []
-    assert prefill_groups([7] * 20, max_tokens=64) == [list(range(9)), list(range(9, 18)), [18, 19]]
+    # equal prompts share forwards up to the token limit: 64 // 7 = 9 rows of 7 tokens each
+    assert all(len(g) <= 9 for g in prefill_groups([7] * 20, max_tokens=64))
+    assert len(prefill_groups([7] * 20, max_tokens=64)) == 3
 
 
 def test_prompts_arriving_together_share_prefills_and_decode_as_alone(monkeypatch):
+    from quantkit.runtime.engine import PREFILL_PAD, PREFILL_TOKENS
+
     model = tiny_llama(vocab_size=64, seed=11, init_std=0.2)
     g = torch.Generator().manual_seed(12)
     prompts = [torch.randint(1, 64, (n,), generator=g).tolist() for n in (20, 21, 19, 20, 3, 40, 22, 4)]
@@ -38,13 +68,16 @@ def test_prompts_arriving_together_share_prefills_and_decode_as_alone(monkeypatc
     def counting(m, items, last):
         # the engine's worker only: the answers alone are decoded on this thread afterwards
         if threading.current_thread().name == "quantkit-decode" and any(ids.shape[0] > 1 and h.length == 0 for h, ids in items):
-            prefills.append(len(items))
+            prefills.append([int(ids.shape[0]) for _h, ids in items])
         return real(m, items, last)
 
     monkeypatch.setattr(llama_step, "forward_batch", counting)
     run_together_as_alone(Engine(model, NumberTokenizer(), max_active=16), model, prompts, 12)
-    # the five prompts of 19-22 tokens in one forward, the two short ones in another, the 40-token one alone
-    assert sorted(prefills) == [1, 2, 5]
+    assert sorted(n for group in prefills for n in group) == sorted(len(p) for p in prompts)  # each prefilled once
+    for group in prefills:  # shared forwards keep the engine's stated limits
+        assert len(group) == 1 or len(group) * max(group) <= min(PREFILL_PAD * sum(group), PREFILL_TOKENS)
+    # prompts of 19-22 tokens pad by at most 22/19 < 1.25: they arrived together, so at least some shared
+    assert len(prefills) < len(prompts)
 
 
 def test_a_step_reads_cached_keys_in_place():
