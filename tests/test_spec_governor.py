@@ -54,22 +54,54 @@ def test_rejected_drafts_stop_being_proposed_and_output_is_unchanged():
     assert drafter.calls < 15 and seq.metrics.target_forwards >= 60
 
 
-def test_governor_pauses_drafting_that_is_slower_per_token_than_plain_steps():
+def _run(g, steps, draft_step, plain_seconds=0.1):
+    """Drive the governor for STEPS steps; draft_step(t) -> (accepted, drafted, seconds, draft_seconds).
+    Returns the indices of the steps that drafted."""
+    drafted = []
+    for t in range(steps):
+        if g.allow():
+            drafted.append(t)
+            g.update(*draft_step(t))
+        else:
+            g.plain_step(plain_seconds)  # one token
+    return drafted
+
+
+def _gaps(steps):
+    return [b - a - 1 for a, b in zip(steps, steps[1:])]
+
+
+def test_slow_drafting_is_retried_rarely_and_fast_drafting_resumes():
+    """The promise (spec_governor.py): drafting steps slower per token than plain ones are paused long enough that
+    a retry costs at most `overhead` of the decoding time between retries, up to `max_timed_pause`; and once
+    drafting is faster again, it drafts (nearly) every step. Here a drafting step takes 1.0 s for 5 tokens, 0.5 s
+    more than 5 plain steps of 0.1 s: at 5% overhead a retry needs 0.5 / (0.05 * 0.1) = 100 plain steps between."""
+    slow = lambda t: (4, 4, 1.0, 0.6)
+    g = SpeculationGovernor(first_pause=2, max_pause=8, probe_after=2, refresh=32, overhead=0.05,
+                            max_timed_pause=1000)
+    drafted = _run(g, 1000, slow)
+    assert 3 <= len(drafted) <= 15  # it keeps retrying, but at most ~1000 / 100 times
+    assert all(gap >= 100 for gap in _gaps(drafted)[3:])  # after the first comparisons: the overhead bound
+    # the cap holds too: with max_timed_pause 40 no pause is longer than 40 steps, and none shorter once judged
     g = SpeculationGovernor(first_pause=2, max_pause=8, probe_after=2, refresh=32, overhead=0.05,
                             max_timed_pause=40)
-    pattern = []
-    for _ in range(100):
-        if g.allow():
-            pattern.append("d")
-            g.update(4, 4, seconds=1.0, draft_seconds=0.6)  # 5 tokens in 1 s: 0.2 s a token
-        else:
-            pattern.append("p")
-            g.plain_step(0.1)  # 0.1 s a token
-    # two drafting steps, a timed plain probe, one more drafting step now judged against it, then pauses long
-    # enough that each retry costs at most 5% of the time between: a drafting step costs 0.5 s more than plain
-    # steps would for its 5 tokens, worth 100 plain steps of 5% (capped here at 40)
-    text = "".join(pattern)
-    assert text.startswith("ddpd" + "p" * 40 + "d" + "p" * 40 + "d")
+    gaps = _gaps(_run(g, 400, slow))
+    assert len(gaps) >= 5 and all(gap <= 40 for gap in gaps) and all(gap >= 40 for gap in gaps[3:])
+    # the drafter becomes fast (0.3 s for 5 tokens: 0.06 s a token against 0.1 plain): drafting comes back
+    drafted = _run(g, 600, lambda t: (4, 4, 0.3, 0.2))
+    late = [t for t in drafted if t >= 400]
+    assert len(late) >= 0.9 * 200, len(late)  # only the periodic plain probes (one per `refresh`) remain
+
+
+def test_low_acceptance_turns_drafting_off_and_high_acceptance_back_on():
+    """The accepted-fraction rule on its own (no timing): below min_rate drafting is mostly skipped, pauses never
+    exceeding max_pause; with full acceptance every step drafts."""
+    g = SpeculationGovernor(min_rate=0.25, smoothing=0.5, first_pause=2, max_pause=8)
+    drafted = _run(g, 200, lambda t: (0, 4, None, 0.0))
+    assert len(drafted) <= 200 / 8 + 4 and all(gap <= 8 for gap in _gaps(drafted))
+    assert max(_gaps(drafted)) == 8  # pauses grow to max_pause on relapse
+    drafted = _run(g, 100, lambda t: (4, 4, None, 0.0))
+    assert len(drafted) >= 100 - 8 and drafted[-60:] == list(range(40, 100))  # back on, every step
 
 
 def test_governor_keeps_drafting_that_is_faster_and_refreshes_the_plain_time():
