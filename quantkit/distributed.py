@@ -12,6 +12,7 @@ A single process (no WORLD_SIZE, or 1) never touches torch.distributed: every he
 from __future__ import annotations
 
 import os
+import signal
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -30,6 +31,14 @@ def init_from_env(device: str) -> None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     # a rank waits for the others' solves of a layer; a 400B layer's GPTQ takes minutes, not hours
     dist.init_process_group("nccl" if gpu else "gloo", timeout=timedelta(minutes=60))
+    # torchrun stops the survivors of a failed rank with SIGTERM: as an exception, rank 0's output claim still
+    # removes its temporary folder on the way out
+    signal.signal(signal.SIGTERM, _stopped)
+
+
+def _stopped(signum, frame):
+    raise SystemExit(f"error: process {rank()} of {world()} was stopped by torchrun (another process failed); "
+                     "nothing was written to the output folder")
 
 
 def active() -> bool:

@@ -115,6 +115,18 @@ def test_when_rank_0_cannot_claim_the_output_every_rank_stops(src, tmp_path):
     assert (out / "mine.txt").read_text() == "not quantkit's" and len(list(out.iterdir())) == 1
 
 
+def test_a_rank_that_dies_stops_the_others_and_leaves_the_output_as_it_was(src, tmp_path):
+    out = tmp_path / "out"
+    p = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", str(Path(__file__).with_name("dying_rank.py")),
+                        *_args(src, out, "w4a16", "gptq")], capture_output=True, text=True, timeout=300, env=ENV)
+    assert p.returncode != 0
+    assert "exitcode  : 9" in p.stderr, p.stderr[-3000:]  # torchrun names the rank that died
+    survivor = [ln for ln in p.stderr.splitlines() if ln.startswith("error: process 0 of 2")]
+    assert len(survivor) == 1, p.stderr[-3000:]  # one line from rank 0, however it learnt of it
+    assert "/quantkit/" not in p.stderr, p.stderr[-3000:]  # no traceback through our code (torchrun's own is kept)
+    assert not out.exists() and not list(tmp_path.glob(".out.partial-*")), list(tmp_path.iterdir())
+
+
 def test_linears_are_dealt_so_no_rank_carries_more_than_its_share_plus_one_job():
     costs = [9.0, 7.0, 6.0, 5.0, 5.0, 4.0, 3.0, 1.0]
     for world in (1, 2, 3):
