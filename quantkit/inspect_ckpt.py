@@ -14,6 +14,7 @@ from .formats.output import MARKER
 from .formats.quant_config_check import check_quantization_config
 from .formats.safetensors_header import REDO, read_header
 from .formats.safetensors_header import nbytes as tensor_bytes
+from .inspect_summary import summarise_layers
 
 # what each method recorded per Linear in quantkit.json (issue 23.5): AWQ's scale exponent, clip and guard,
 # SmoothQuant's migration strength, GPTQ's order, damping and guard, learned rounding's steps and fallback
@@ -78,6 +79,8 @@ def inspect_checkpoint(folder) -> dict:
         "format": qc.get("format"),
         "quant_method": qc.get("quant_method"),
         "layers": rows,
+        # what the terminal prints by default: one row per kind of Linear (q_proj x 30), error spread kept
+        "layer_types": summarise_layers(rows),
         "quantized_bytes": quant_bytes,
         # over the quantised Linears, scales included: what --bits budgets
         "average_bits_per_weight": round(8 * quant_bytes / max(1, quant_values), 4),
