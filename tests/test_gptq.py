@@ -60,10 +60,18 @@ def test_gptq_output_error_below_rtn_in_95_percent_of_trials():
 # Requirement 4: equality with a float64 column-by-column OBQ reference
 
 
-def _grid64(wg: torch.Tensor, bits: int, sym: bool, scale_dtype):
-    """Per-row scale/zero of the columns wg [out, k], in float64, written independently of rtn.py."""
+def _grid64(wg: torch.Tensor, bits: int, sym: bool, scale_dtype, full: bool = False):
+    """Per-row scale/zero of the columns wg [out, k], in float64, written independently of rtn.py.
+
+    full (the full-range symmetric grid): each row's largest-magnitude weight, sign kept (the negative one when a
+    positive and a negative weight are equally large), must land exactly on the code qmin = -2^(bits-1): the
+    scale is that weight / qmin, negative when the weight is positive."""
     qmin, qmax = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    if sym:
+    if sym and full:
+        extreme = [max(row, key=lambda v: (abs(v), v < 0)) for row in wg.tolist()]
+        s = torch.tensor(extreme, dtype=torch.float64) / qmin
+        z = torch.zeros_like(s)
+    elif sym:
         s = wg.abs().amax(1) / qmax
         z = torch.zeros_like(s)
     else:
@@ -79,7 +87,8 @@ def _grid64(wg: torch.Tensor, bits: int, sym: bool, scale_dtype):
     return s, z, ties
 
 
-def obq_reference(w, H, bits, sym, gs, actorder, static_groups, damp=0.01, scale_dtype=torch.float32):
+def obq_reference(w, H, bits, sym, gs, actorder, static_groups, damp=0.01, scale_dtype=torch.float32,
+                  full=False):
     """GPTQ as the paper states it, one column at a time in float64: quantise column c, spread its error over the
     remaining columns through the inverse Hessian, then remove c from the inverse by a rank-1 downdate (OBQ).
     No Cholesky, no blocks, no lazy updates. Returns codes, dequantised weights, scales, tie margin."""
@@ -99,7 +108,7 @@ def obq_reference(w, H, bits, sym, gs, actorder, static_groups, damp=0.01, scale
         members.setdefault(group_of[c], []).append(c)
     params = {}
     if actorder == "weight" and static_groups:
-        params = {g: _grid64(W[:, cols], bits, sym, scale_dtype) for g, cols in members.items()}
+        params = {g: _grid64(W[:, cols], bits, sym, scale_dtype, full) for g, cols in members.items()}
     Hinv = torch.linalg.inv(H + damp * H.diagonal().mean() * torch.eye(n, dtype=torch.float64))
     codes = torch.zeros_like(W)
     deq = torch.zeros_like(W)
@@ -107,7 +116,7 @@ def obq_reference(w, H, bits, sym, gs, actorder, static_groups, damp=0.01, scale
     for k, c in enumerate(order):
         g = group_of[c]
         if g not in params:
-            params[g] = _grid64(W[:, members[g]], bits, sym, scale_dtype)
+            params[g] = _grid64(W[:, members[g]], bits, sym, scale_dtype, full)
         s, z, ties = params[g]
         x = W[:, c] / s
         margins += [(t - torch.floor(t) - 0.5).abs().min() for t in ties + [x]]
@@ -123,38 +132,55 @@ def obq_reference(w, H, bits, sym, gs, actorder, static_groups, damp=0.01, scale
 
 
 REFERENCE_CASES = [
-    # bits, sym, group, actorder, static_groups, block, dead column
-    (4, True, 4, None, True, 5, None),
-    (4, False, 8, None, True, 3, None),
-    (8, True, -1, None, True, 6, None),
-    (3, False, -1, None, True, 16, 5),
-    (4, True, 8, "weight", True, 7, 2),
-    (4, False, 4, "weight", True, 5, None),
-    (4, True, 8, "weight", False, 3, None),
-    (4, False, 8, "weight", False, 6, 11),
+    # bits, sym, group, actorder, static_groups, block, dead column, full range
+    (4, True, 4, None, True, 5, None, False),
+    (4, False, 8, None, True, 3, None, False),
+    (8, True, -1, None, True, 6, None, False),
+    (3, False, -1, None, True, 16, 5, False),
+    (4, True, 8, "weight", True, 7, 2, False),
+    (4, False, 4, "weight", True, 5, None, False),
+    (4, True, 8, "weight", False, 3, None, False),
+    (4, False, 8, "weight", False, 6, 11, False),
+    # the full-range grid, the default for 2-4 bit symmetric weight-only schemes
+    (4, True, 4, None, True, 5, None, True),
+    (4, True, 8, "weight", True, 7, 2, True),
+    (4, True, 8, "weight", False, 3, None, True),
+    (3, True, -1, None, True, 16, 5, True),
+    (2, True, 8, "weight", True, 6, None, True),
 ]
 
 
-@pytest.mark.parametrize("bits,sym,gs,actorder,static,block,dead", REFERENCE_CASES)
-@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16])
-def test_matches_float64_obq_reference(bits, sym, gs, actorder, static, block, dead, scale_dtype):
-    sch = scheme(bits, sym, gs)
-    # Near a rounding tie (w/s within float32 noise of k + 0.5) float32 and float64 may legitimately round apart and
-    # then diverge; such inputs are not a disagreement about the algorithm. Take the first seed whose reference sees
-    # no value within 1e-4 of a tie: float32 noise after 16 columns of updates is ~1e-6 in w/s, 100x below that.
+def _tie_free_case(bits, sym, gs, actorder, static, dead, scale_dtype, full, seed0=1000, out=8, n=16, tokens=64,
+                   balance=False):
+    """(w, H, reference) for the first seed whose reference sees no value within 1e-4 of a rounding tie.
+
+    Near a tie (w/s within float32 noise of k + 0.5) float32 and float64 may legitimately round apart and then
+    diverge; such inputs are not a disagreement about the algorithm. float32 noise after the columns' updates is
+    ~1e-6 in w/s, 100x below that margin. balance: H of the tokens scaled to unit RMS, as GPTQSolver takes them."""
     for seed in range(20):
-        g = torch.Generator().manual_seed(1000 + seed)
-        x = correlated_inputs(g, 64, 16)
+        g = torch.Generator().manual_seed(seed0 + seed)
+        x = correlated_inputs(g, tokens, n)
         if dead is not None:
             x[:, dead] = 0
-        w = torch.randn(8, 16, generator=g)
-        H = hessian(x)
-        codes, deq, scales, margin = obq_reference(w, H, bits, sym, gs, actorder, static,
-                                                          scale_dtype=scale_dtype)
-        if margin > 1e-4:
-            break
-    else:
-        pytest.fail("no tie-free seed found")
+        w = torch.randn(out, n, generator=g)
+        if balance:
+            x64 = x.double()
+            x64 = x64 / x64.pow(2).mean(-1, keepdim=True).sqrt()
+            H = (2 * x64.t() @ x64 / tokens).float()
+        else:
+            H = hessian(x)
+        ref = obq_reference(w, H, bits, sym, gs, actorder, static, scale_dtype=scale_dtype, full=full)
+        if ref[3] > 1e-4:
+            return w, x, H, ref
+    pytest.fail("no tie-free seed found")
+
+
+@pytest.mark.parametrize("bits,sym,gs,actorder,static,block,dead,full", REFERENCE_CASES)
+@pytest.mark.parametrize("scale_dtype", [torch.float32, torch.float16])
+def test_matches_float64_obq_reference(bits, sym, gs, actorder, static, block, dead, full, scale_dtype):
+    sch = scheme(bits, sym, gs).with_options(full_range=full)
+    w, _x, H, (codes, deq, scales, _margin) = _tie_free_case(bits, sym, gs, actorder, static, dead, scale_dtype,
+                                                             full)
     qw = gptq_quantize(w, H, sch, block_size=block, actorder=actorder, static_groups=static, scale_dtype=scale_dtype)
     assert torch.equal(qw.q.double(), codes)
     # codes equal, so the dequantised weights differ only by the scales' float32-vs-float64 rounding (and by the
@@ -162,9 +188,39 @@ def test_matches_float64_obq_reference(bits, sym, gs, actorder, static, block, d
     torch.testing.assert_close(qw.scale.double(), scales, rtol=1e-5, atol=0)
     torch.testing.assert_close(qw.dequantize().double(), deq, rtol=1e-5, atol=1e-7)
     assert qw.g_idx is None
+    if full:  # every group's largest weight sits on qmin: codes reach it, and positive extremes give negative scales
+        assert int(qw.q.min()) == -(2 ** (bits - 1)) and bool((qw.scale < 0).any())
     if dead is not None:
         assert qw.stats["dead_channels"] == 1
         assert (qw.dequantize()[:, dead] == 0).all()
+
+
+def test_default_gptq_a_user_gets_matches_the_float64_reference():
+    """The solver, scheme and options `quantkit quantize --method gptq` builds (recipe defaults through the plan:
+    w4a16, the full-range grid, act-order weight with static groups, 1% damping, float16 scales for a float32
+    model, block 128) on a Linear of a tiny model, against the float64 reference of the same algorithm."""
+    from helpers import tiny_model
+    from quantkit.plan import build_plan
+    from quantkit.recipe import Recipe
+
+    model = tiny_model("llama", layers=1)
+    plan = build_plan(model, Recipe.model_validate({"quant": {"method": "gptq"}}))
+    name = "model.layers.0.mlp.gate_proj"
+    sch, opts = plan.schemes[name], plan.options
+    assert sch.full_range and sch.symmetric and sch.num_bits == 4 and opts.gptq.actorder == "weight"
+    n = model.get_submodule(name).in_features
+    gs = n if sch.group_size == -1 else sch.group_size
+    w, x, _H, (codes, deq, scales, _m) = _tie_free_case(4, True, gs, "weight", opts.gptq.static_groups, None,
+                                                        opts.scale_dtype, True, seed0=77, out=16, n=n,
+                                                        tokens=4 * n, balance=True)
+    solver = plan.make_solver(name, w)
+    solver.add_batch(x[: 3 * n])
+    solver.add_batch(x[3 * n:])
+    qw = solver.solve()
+    assert torch.equal(qw.q.double(), codes)
+    torch.testing.assert_close(qw.scale.double(), scales, rtol=1e-5, atol=0)
+    torch.testing.assert_close(qw.dequantize().double(), deq, rtol=1e-5, atol=1e-7)
+    assert bool((qw.scale < 0).any())  # the default grid really is the full-range one
 
 
 # ---------------------------------------------------------------------------------------------------------------
