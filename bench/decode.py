@@ -21,6 +21,7 @@ import torch  # noqa: E402
 
 from common import (copy_bandwidth, decode_hf, decode_ours, half_weights, prompt_ids, read_bandwidth,  # noqa: E402
                     weight_bytes_per_token)
+import quantkit  # noqa: E402
 from quantkit.runtime import build  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 
@@ -78,7 +79,7 @@ def main():
     with torch.inference_mode():
         for name, path, hold_half in variants:
             with half_weights(hold_half):
-                model = build.load_model(path, torch.float32)
+                model = quantkit.load(path, dtype=torch.float32)
             wb = weight_bytes_per_token(model)  # before compiling: the compiled forward holds the same tensors
             if name.endswith("--compile") and not build.compile_decode(model):
                 print(f"{name}: stays eager (FBGEMM / oneDNN products; build.compile_decode), row left out")

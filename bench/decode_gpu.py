@@ -51,6 +51,7 @@ def main(argv=None) -> int:
     require_cuda("bench/decode_gpu.py")
     from common import decode_ours
 
+    import quantkit
     from quantkit.models.embedded import embedded_model_dir
     from quantkit.runtime import build
     from quantkit.runtime.sampling import SamplingParams
@@ -74,7 +75,7 @@ def main(argv=None) -> int:
             os.environ.pop("QUANTKIT_KERNEL", None)
             if forced:
                 os.environ["QUANTKIT_KERNEL"] = forced
-            model = build.load_model(path, dtype, device)
+            model = quantkit.load(path, device=device, dtype=dtype)
             decode_ours(model, prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True), 1, None, set())  # warm
             tps, _, _, outs = decode_ours(model, prompts, params, 1, None, set())
             base = base or outs

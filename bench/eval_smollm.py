@@ -77,7 +77,7 @@ def main() -> None:
     from quantkit.models.embedded import embedded_model_dir
     from quantkit.job import quantize_to_checkpoint
     from quantkit.recipe import Recipe, apply_overrides
-    from quantkit.runtime.loader import load
+    from quantkit import load
 
     out = Path(args.out)
     ckpts = out / "checkpoints"
@@ -100,7 +100,7 @@ def main() -> None:
                                            "calibration.num_samples": args.calib_samples,
                                            "calibration.seq_len": args.seq_len, **over})
             quantize_to_checkpoint(r)
-            load(ckpts / label, device=args.device)  # a checkpoint the runtime cannot load is reported, not run
+            load(ckpts / label, device=args.device, exact=True)  # a checkpoint the runtime cannot load is reported, not run
             made.append(f"{label}={ckpts / label}")
             print(f"quantised {label} in {time.time() - t0:.0f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - a bench lists what failed and goes on with the rest

@@ -116,7 +116,7 @@ def build(label: str, model_path: str, calib, workdir: str):
         if kv else None
     out = Path(workdir) / f"row{abs(hash(label))}"
     write_checkpoint(out, model, res.qweights, build_plan(model, recipe).schemes, None, {}, res.tensors, kv_scheme)
-    return quantkit.load(out, dtype=torch.float32), seconds
+    return quantkit.load(out, dtype=torch.float32, exact=True), seconds
 
 
 def text_args(description: str, argv=None):

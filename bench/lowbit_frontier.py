@@ -109,7 +109,7 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="quantkit-lowbit-") as workdir:
         for label in labels:
             out, bpw, seconds, widths = build(label, model_path, calib, workdir)
-            ppl = perplexity(quantkit.load(out, dtype=torch.float32), windows)
+            ppl = perplexity(quantkit.load(out, dtype=torch.float32, exact=True), windows)
             points[label] = (bpw, ppl)
             print(f"| {label} | {bpw:.3f} | {'/'.join(map(str, widths))} | {ppl:.2f} | {(ppl / base - 1) * 100:+.1f}% "
                   f"| {seconds:.0f} |", flush=True)

@@ -23,7 +23,9 @@ import torch  # noqa: E402
 
 from common import SETS, decode_hf, decode_ours, half_weights, prompt_ids  # noqa: E402
 from quantkit.open_model import open_model  # noqa: E402
-from quantkit.runtime import build  # noqa: E402
+import quantkit  # noqa: E402
+from quantkit.dtypes import parse_dtype  # noqa: E402
+from quantkit.runtime.checkpoint import resolve_path  # noqa: E402
 from quantkit.runtime.generate import eos_ids  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter  # noqa: E402
@@ -51,7 +53,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                     help="dtype of the target (and of transformers' reference model)")
     a = ap.parse_args()
-    dtype = build.parse_dtype(a.dtype)
+    dtype = parse_dtype(a.dtype)
     with half_weights(not a.float32_weights):  # the target as `quantkit serve --draft self-w4` opens it
         opened = open_model("embedded", dtype=a.dtype, threads=a.threads or None, draft="self-w4",
                             compile=a.compile)
@@ -60,8 +62,8 @@ def main():
     draft = opened.make_drafter().model  # the packed self-W4 model every drafter of this run shares
     from transformers import AutoModelForCausalLM
 
-    stock = AutoModelForCausalLM.from_pretrained(build.resolve_path("embedded"), dtype=dtype).eval()
-    w4 = build.load_model(a.w4, torch.float32) if a.w4 else None
+    stock = AutoModelForCausalLM.from_pretrained(resolve_path("embedded"), dtype=dtype).eval()
+    w4 = quantkit.load(a.w4, dtype=torch.float32) if a.w4 else None
     k = a.k
     print(f"{a.dtype} target{' --compile' if a.compile else ''}, torch threads: {torch.get_num_threads()}, {a.prompts} prompts per set, up to {a.tokens} tokens, "
           f"greedy, k={k}, prompt-lookup n-gram {a.ngram}; decode tok/s leaves out the prefill")

@@ -58,7 +58,7 @@ def quantkit_prefill(path: Path, dtype, n: int, repeat: int) -> float:
 
     import quantkit
 
-    model = quantkit.load(path, dtype=dtype).eval()
+    model = quantkit.load(path, dtype=dtype, exact=True).eval()
     ids = torch.tensor([[(i * 7919) % 30000 + 100 for i in range(n)]])
     times, cpu = [], []
     with torch.inference_mode():

@@ -71,7 +71,7 @@ def build(quant: dict, model_path: str, calib, workdir: str):
     alphas = [s["smooth_alpha"] for s in res.stats.values() if "smooth_alpha" in s]
     out = Path(workdir) / f"row{abs(hash(str(quant)))}"
     write_checkpoint(out, model, res.qweights, plan.schemes, None, {}, res.tensors)
-    return quantkit.load(out, dtype=torch.float32), seconds, alphas
+    return quantkit.load(out, dtype=torch.float32, exact=True), seconds, alphas
 
 
 def main(argv=None) -> None:

@@ -2,11 +2,11 @@
 from .version import __version__  # noqa: F401
 
 
-def load(path, device: str = "cpu", dtype=None, cpu_fast: bool = False):
-    """Load a quantkit checkpoint (or float HF folder) as a transformers model with QuantLinear layers.
+def __getattr__(name):
+    """`quantkit.load` is runtime/checkpoint.py's own function, not a wrapper with defaults of its own; it is
+    imported on first use so that `import quantkit` (the CLI's start) does not load torch and transformers."""
+    if name == "load":
+        from .runtime.checkpoint import load
 
-    cpu_fast runs quantised layers on CPU through torch's packed ops with bf16 activations (see runtime.loader).
-    """
-    from .runtime.loader import load as _load
-
-    return _load(path, device=device, dtype=dtype, cpu_fast=cpu_fast)
+        return load
+    raise AttributeError(f"module 'quantkit' has no attribute '{name}'")

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .drafts import drafter_factory
+from .dtypes import parse_dtype
 from .runtime import build
+from .runtime.checkpoint import load
 
 
 @dataclass
@@ -25,11 +27,11 @@ def open_model(path: str, *, dtype: str | None = None, threads: int | None = Non
                prompt_lookup: int | None = None, compile: bool = False,
                warn: Callable[[str], None] = print, device: str = "cpu") -> OpenedModel:
     """PATH: a quantkit checkpoint, a Hugging Face model folder, or 'embedded'. warn receives the note shown
-    when --compile leaves the model eager. device: a resolved device string (runtime.build.resolve_device)."""
+    when --compile leaves the model eager. device: as quantkit.load takes it."""
     build.set_threads(threads)
-    dt = build.parse_dtype(dtype)
+    dt = parse_dtype(dtype)
     tok = build.load_tokenizer(path)  # first: a broken tokenizer should not wait for the model to load
-    model = build.load_model(path, dt, device)
+    model = load(path, device=device, dtype=dt)
     make_drafter = drafter_factory(model, tok, draft=draft, prompt_lookup=prompt_lookup, dtype=dt,
                                     device=device)
     compiled = False

@@ -31,14 +31,14 @@ def _manifest(folder: Path) -> tuple[int, list[str]]:
 def verify_checkpoint(path) -> dict:
     """The report: manifest (files checked, problems), integrity (None, or the load's one-line error), and the
     exit code `quantkit verify` gives."""
-    from .runtime.loader import load
+    from .runtime.loader import read_model
 
     folder = Path(path)
     if not folder.is_dir():
         raise UserError(f"'{folder}' is not a folder; pass a checkpoint folder written by quantkit quantize")
     checked, problems = _manifest(folder)
     try:
-        load(folder, device="cpu", check_manifest=False)
+        read_model(folder, device="cpu", check_manifest=False)
         error = None
     except UserError as e:
         error = str(e)

@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "quantkit"
 # module can sit below the rest of its package (pipeline.capture is what AWQ's block search runs).
 LAYERS = [
     ["quantkit.version", "quantkit.errors", "quantkit.e4m3", "quantkit.fp4", "quantkit.schemes", "quantkit.qweight",
-     "quantkit.targets", "quantkit.shipped", "quantkit.distributed"],
+     "quantkit.targets", "quantkit.shipped", "quantkit.distributed", "quantkit.dtypes", "quantkit.devices"],
     ["quantkit.formats"],
     ["quantkit.kernels"],
     ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.pipeline.capture"],

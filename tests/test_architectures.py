@@ -17,7 +17,7 @@ def test_quantize_and_load(tmp_path, cli, arch):
     out = tmp_path / "out"
     code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")
     assert code == 0, err
-    q = quantkit.load(out, dtype=torch.float32)
+    q = quantkit.load(out, dtype=torch.float32, exact=True)
     qlin = {n: m for n, m in q.named_modules() if isinstance(m, QuantLinear)}
     ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     n_linear = sum(isinstance(m, torch.nn.Linear) for n, m in ref.named_modules() if n != "lm_head")

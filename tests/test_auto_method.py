@@ -150,7 +150,7 @@ def test_cli_default_with_a_bit_budget_scales_then_mixes_widths(tmp_path, cli):
     assert len({s["scheme"]["num_bits"] for s in meta["layers"].values()}) > 1
     assert any(s.get("awq_alpha") is not None for s in meta["layers"].values())
     ids = torch.tensor([[5, 9, 100, 33, 2, 250, 7]])
-    ours = quantkit.load(out, dtype=torch.float32)
+    ours = quantkit.load(out, dtype=torch.float32, exact=True)
     theirs = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     with torch.no_grad():
         a, b = ours(ids).logits, theirs(ids).logits.float()

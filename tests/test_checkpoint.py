@@ -17,7 +17,7 @@ def _dequantized_float_model(src, ckpt):
     from transformers import AutoModelForCausalLM
 
     ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
-    q = quantkit.load(ckpt, dtype=torch.float32)
+    q = quantkit.load(ckpt, dtype=torch.float32, exact=True)
     qmods = dict(q.named_modules())
     for name, mod in ref.named_modules():
         if isinstance(qmods.get(name), QuantLinear):
@@ -77,7 +77,7 @@ def test_no_full_float_copy(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "out"
     assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
-    q = quantkit.load(out)
+    q = quantkit.load(out, exact=True)
     for name, mod in q.named_modules():
         if isinstance(mod, QuantLinear):
             assert not hasattr(mod, "weight")  # only the packed tensors live in memory
@@ -101,7 +101,7 @@ def test_loads_through_transformers_and_compressed_tensors(tmp_path, cli, asym):
     # symmetric 4-bit: full-range scales, signed; both loaders must multiply codes by them as stored
     assert any((s < 0).any() for s in scales) != asym
     ext = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32, **kw)
-    ours = quantkit.load(out, dtype=torch.float32)
+    ours = quantkit.load(out, dtype=torch.float32, exact=True)
     with torch.no_grad():
         assert rel_err(ours(IDS).logits, ext(IDS).logits) < 1e-3
 
@@ -118,7 +118,7 @@ def test_tied_embeddings_round_trip(tmp_path, cli):
     assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "64")[0] == 0
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert "lm_head.weight" not in set(f.keys())
-    q = quantkit.load(out, dtype=torch.float32)
+    q = quantkit.load(out, dtype=torch.float32, exact=True)
     assert q.lm_head.weight.data_ptr() == q.model.embed_tokens.weight.data_ptr()
 
 
@@ -128,8 +128,8 @@ def test_cpu_fast_path_uses_packed_ops_and_stays_close(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "out"
     assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
-    exact = quantkit.load(out, dtype=torch.float32)
-    fast = quantkit.load(out, dtype=torch.float32, cpu_fast=True)
+    exact = quantkit.load(out, dtype=torch.float32, exact=True)
+    fast = quantkit.load(out, dtype=torch.float32)
     layer = fast.model.layers[0].mlp.down_proj
     x = torch.randn(1, 256)
     assert dispatch.choose(layer, 1, x) == "cpu-int4pack"

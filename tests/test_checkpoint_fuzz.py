@@ -46,7 +46,7 @@ def tiny(tmp_path_factory):
 
 
 def _greedy(folder) -> list[int]:
-    model = quantkit.load(folder)
+    model = quantkit.load(folder, exact=True)
     return generate(model, PROMPT, SamplingParams(max_tokens=4, ignore_eos=True)).output_ids()
 
 

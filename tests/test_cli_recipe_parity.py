@@ -43,11 +43,11 @@ def all_fields() -> list[str]:
 def resolved(cli, monkeypatch):
     """Run `quantkit quantize ARGS` up to the resolved recipe (quantising is tested elsewhere); its JSON form."""
     import quantkit.cli.quantize_cmd as cmd
-    import quantkit.runtime.build as build
+    import quantkit.devices as devices
 
     seen = {}
     monkeypatch.setattr(cmd, "_run", lambda recipe, quiet, as_json: seen.setdefault("r", recipe))
-    monkeypatch.setattr(build, "resolve_device", lambda name: name)  # no GPU needed to name one
+    monkeypatch.setattr(devices, "resolve_device", lambda name: name)  # no GPU needed to name one
 
     def run(*args):
         seen.clear()

@@ -29,7 +29,7 @@ def test_quantize_without_model_uses_embedded(tmp_path, cli, embedded_dir):
     tok = AutoTokenizer.from_pretrained(out)  # the tokenizer travels with the checkpoint
     ids = tok(TEXT, return_tensors="pt").input_ids
     base = AutoModelForCausalLM.from_pretrained(embedded_dir, dtype=torch.float32)
-    q = quantkit.load(out, dtype=torch.float32)
+    q = quantkit.load(out, dtype=torch.float32, exact=True)
     p_base, p_q = _ppl(base, ids), _ppl(q, ids)
     # W4 g64 RTN on a 135M model costs a few percent of perplexity; a broken layout costs orders of magnitude
     assert p_base < 40 and p_q < p_base * 1.5, (p_base, p_q)

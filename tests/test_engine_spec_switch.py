@@ -58,7 +58,7 @@ def test_default_limit_depends_on_the_model_kind(tmp_path, cli):
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "w4"
     assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
-    w4 = quantkit.load(out, dtype=torch.float32, cpu_fast=True)
+    w4 = quantkit.load(out, dtype=torch.float32)
     half_model = tiny_llama(vocab_size=64, seed=3, dtype=torch.float16).float()
     relayout_model(half_model)  # every weight a float16 number: held in float16 where FBGEMM is
     engines = [Engine(float_model, NumberTokenizer()), Engine(w4, NumberTokenizer()),

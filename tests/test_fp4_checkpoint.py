@@ -53,7 +53,7 @@ def test_round_trip_layout_and_transformers_logits(tmp_path, scheme, method):
     rows = {r["layer"]: r for r in inspect_checkpoint(tmp_path / "out")["layers"]}
     assert rows[P]["shape"] == [64, 128]
     assert rows[P]["bits_per_weight"] == round(4 + 8 / 16 + 32 / (64 * 128) if scheme == "nvfp4" else 4 + 8 / 32, 3)
-    ours = quantkit.load(tmp_path / "out", dtype=torch.float32)
+    ours = quantkit.load(tmp_path / "out", dtype=torch.float32, exact=True)
     assert sum(isinstance(m, FP4Linear) for m in ours.modules()) == 14
     for name, qw in res.qweights.items():  # q/k/v and gate/up moved onto one global scale without a change
         assert torch.equal(ours.get_submodule(name).dequantized_weight(), qw.dequantize())
@@ -103,7 +103,7 @@ def test_nvfp4_with_activations_matches_transformers_compressed_path_in_bfloat16
     # transformers 5.24 runs the activation quantisation only on its compressed path, which computes in bfloat16
     # (its dequantize=True path drops input_global_scale and runs the weights alone)
     ext = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.bfloat16)
-    ours = quantkit.load(tmp_path / "out", dtype=torch.bfloat16)
+    ours = quantkit.load(tmp_path / "out", dtype=torch.bfloat16, exact=True)
     with torch.no_grad():
         got, theirs = ours(IDS).logits.float(), ext(IDS).logits.float()
         for m in ours.modules():

@@ -2,6 +2,7 @@
 decoding keeps greedy output exact, and the batching engine answers each request as if alone. Collected
 everywhere, run where a GPU is (bench/gpu_check.sh)."""
 import pytest
+import quantkit
 import torch
 
 from helpers import NumberTokenizer, greedy_with_and_without_lookup, repeat_prompts, run_together_as_alone, tiny_model
@@ -29,9 +30,7 @@ def w4(tmp_path_factory):
 
 def _exact_cpu(path):
     """The checkpoint on the CPU in float32 without the runtime's bf16 packed ops: the exact reference."""
-    from quantkit.runtime.loader import load
-
-    return load(path, device="cpu", dtype=torch.float32)
+    return quantkit.load(path, device="cpu", dtype=torch.float32, exact=True)
 
 
 def _prompts():
@@ -40,7 +39,7 @@ def _prompts():
 
 def test_greedy_tokens_agree_across_devices_in_float32(w4):
     cpu = _exact_cpu(w4)
-    gpu = build.load_model(w4, torch.float32, "cuda")
+    gpu = quantkit.load(w4, dtype=torch.float32, device="cuda")
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     for prompt in _prompts():
         assert generate(gpu, prompt, params).output_ids() == generate(cpu, prompt, params).output_ids()
@@ -49,7 +48,7 @@ def test_greedy_tokens_agree_across_devices_in_float32(w4):
 def test_float16_logits_on_cuda_follow_the_cpu(w4):
     """fp16 on CUDA runs the CUDA GEMV / Triton kernels; its logits stay within fp16 rounding of the CPU's."""
     cpu = _exact_cpu(w4)
-    gpu = build.load_model(w4, None, "cuda")
+    gpu = quantkit.load(w4, device="cuda")
     ids = torch.tensor([_prompts()[0]])
     with torch.inference_mode():
         want = cpu(ids).logits.double()
@@ -58,7 +57,7 @@ def test_float16_logits_on_cuda_follow_the_cpu(w4):
 
 
 def test_speculative_greedy_is_exact_on_cuda(w4):
-    gpu = build.load_model(w4, None, "cuda")
+    gpu = quantkit.load(w4, device="cuda")
     steps = greedy_with_and_without_lookup(gpu, _prompts(), SamplingParams(max_tokens=12, ignore_eos=True))
     assert steps > 0
 
@@ -66,5 +65,5 @@ def test_speculative_greedy_is_exact_on_cuda(w4):
 def test_engine_batches_on_cuda_as_alone(w4):
     from quantkit.runtime.engine import Engine
 
-    gpu = build.load_model(w4, None, "cuda")
+    gpu = quantkit.load(w4, device="cuda")
     run_together_as_alone(Engine(gpu, NumberTokenizer(), max_active=8), gpu, _prompts(), 10)

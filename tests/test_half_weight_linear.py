@@ -7,6 +7,7 @@ import copy
 import io
 
 import pytest
+import quantkit
 import torch
 from torch import nn
 
@@ -183,16 +184,16 @@ def test_runtime_loader_holds_a_float16_checkpoint_in_float16(tmp_path):
     """A float16 checkpoint loaded at the runtime's float32 default (and at --dtype float16) reads its weights
     as float16, and --compile compiles it; a float32 checkpoint of arbitrary values keeps float32 (oneDNN's
     layout) and stays eager."""
-    f16 = build.load_model(str(make_tiny_model(tmp_path / "f16", dtype=torch.float16, seed=1)))
+    f16 = quantkit.load(str(make_tiny_model(tmp_path / "f16", dtype=torch.float16, seed=1)))
     assert f16.dtype == torch.float32
     assert isinstance(f16.model.layers[0].mlp.up_proj, HalfWeightLinear)
     assert isinstance(f16.get_output_embeddings(), HalfWeightLinear)
     assert build.compile_decode(f16)
-    half = build.load_model(str(make_tiny_model(tmp_path / "f16b", dtype=torch.float16, seed=1)), torch.float16)
+    half = quantkit.load(str(make_tiny_model(tmp_path / "f16b", dtype=torch.float16, seed=1)), dtype=torch.float16)
     assert isinstance(half.model.layers[0].self_attn.q_proj, HalfWeightLinear)
     with torch.no_grad():
         assert half(torch.tensor([[3, 4, 5]])).logits.dtype == torch.float16
-    f32 = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=1)))
+    f32 = quantkit.load(str(make_tiny_model(tmp_path / "f32", seed=1)))
     assert not any(isinstance(m, HalfWeightLinear) for m in f32.modules())
     assert not build.compile_decode(f32)
 

@@ -7,6 +7,7 @@ import io
 import weakref
 
 import pytest
+import quantkit
 import torch
 from helpers import make_tiny_model
 from torch import nn
@@ -88,7 +89,7 @@ def _step_once(model):
 
 
 def test_the_runtime_builds_the_plan_as_it_loads_and_keeps_it_on_the_model(tmp_path, monkeypatch):
-    model = build.load_model(str(make_tiny_model(tmp_path / "f16", dtype=torch.float16, seed=1)))
+    model = quantkit.load(str(make_tiny_model(tmp_path / "f16", dtype=torch.float16, seed=1)))
     plan = model.__dict__.get(llama_step.PLAN_ATTR)
     assert isinstance(plan, llama_step.StepPlan) and len(plan.qkv) == len(model.model.layers)
     # the steps read that plan and build none of their own
@@ -99,7 +100,7 @@ def test_the_runtime_builds_the_plan_as_it_loads_and_keeps_it_on_the_model(tmp_p
 
 def test_no_module_level_cache_holds_plans(tmp_path):
     assert not hasattr(llama_step, "_PLANS")
-    model = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=2)))
+    model = quantkit.load(str(make_tiny_model(tmp_path / "f32", seed=2)))
     _step_once(model)
     plan = model.__dict__[llama_step.PLAN_ATTR]
     maps = [v for v in vars(llama_step).values()
@@ -109,7 +110,7 @@ def test_no_module_level_cache_holds_plans(tmp_path):
 
 def test_a_copy_of_a_loaded_model_makes_its_own_plan(tmp_path):
     """The plan's fused calls hold the original's modules: a copy (a self-W4 draft is one) must not reuse them."""
-    model = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=3)))
+    model = quantkit.load(str(make_tiny_model(tmp_path / "f32", seed=3)))
     twin = copy.deepcopy(model)
     assert twin.__dict__.get(llama_step.PLAN_ATTR) is None
     _step_once(twin)
@@ -125,7 +126,7 @@ def test_a_quantised_checkpoint_loads_with_its_plan_and_its_kernels_prepared(tmp
     src = make_tiny_model(tmp_path / "src", "llama")
     out = tmp_path / "out"
     assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32")[0] == 0
-    model = build.load_model(str(out))
+    model = quantkit.load(str(out))
     assert isinstance(model.__dict__.get(llama_step.PLAN_ATTR), llama_step.StepPlan)
     quant = [m for m in model.modules() if isinstance(m, QuantLinear)]
     assert quant and all(m._qk_prepared and m.cpu_bf16_activations for m in quant)

@@ -63,7 +63,7 @@ def test_low_bit_checkpoint_logits_match_transformers(tmp_path, quant, default_p
         packed = f.get_tensor(f"{P}.weight_packed")
     assert packed.shape == (64, 128 * scheme.num_bits // 32)  # 12 words of 3-bit codes, 8 of 2-bit ones
     assert torch.equal(unpack_from_int32(packed, scheme.num_bits, (64, 128)), res.qweights[P].q)
-    ours = quantkit.load(tmp_path / "out", dtype=torch.float32)
+    ours = quantkit.load(tmp_path / "out", dtype=torch.float32, exact=True)
     assert torch.equal(ours.get_submodule(P).dequantized_weight(), res.qweights[P].dequantize())
     with torch.no_grad():
         got, ref = ours(IDS).logits, model(IDS).logits
@@ -138,7 +138,7 @@ def test_cli_bits_writes_groups_transformers_loads(tmp_path):
     assert len({row["bits"] for row in info["layers"]}) > 1  # float32 scales: 3-bit g64 is 3.5, 4-bit 4.5
     groups = json.loads((tmp_path / "q" / "config.json").read_text())["quantization_config"]["config_groups"]
     assert len(groups) > 1
-    ours = quantkit.load(tmp_path / "q", dtype=torch.float32)
+    ours = quantkit.load(tmp_path / "q", dtype=torch.float32, exact=True)
     # the default (compressed) path: transformers 5.24's dequantize=True decodes every dense Linear with the
     # first config group's scheme, so it cannot read a checkpoint mixing widths (docs/lowbit.md)
     ext = AutoModelForCausalLM.from_pretrained(tmp_path / "q", dtype=torch.float32)

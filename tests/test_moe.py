@@ -115,7 +115,7 @@ def test_w4_checkpoint_has_no_expert_in_float_and_loads(tmp_path, cli, arch):
     cfg = json.loads((out / "config.json").read_text())["quantization_config"]
     routers = [i for i in cfg["ignore"] if i.endswith(".gate")]
     assert len(routers) == 2  # one per layer, by its checkpoint name
-    quant = quantkit.load(out, dtype=torch.float32)
+    quant = quantkit.load(out, dtype=torch.float32, exact=True)
     ref = _dequantised_reference(src, quant, arch)
     hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32,
                                               quantization_config=CompressedTensorsConfig(dequantize=True)).eval()
@@ -154,7 +154,7 @@ def test_gptq_experts_get_their_own_tokens_and_decode_to_the_solver(tmp_path, cl
     samples = load_calibration(spec=c.spec, tokenizer=tiny_tokenizer(), num_samples=c.num_samples,
                                seq_len=c.seq_len, seed=c.seed).samples
     result = quantize_model(model, build_plan(model, recipe), samples)
-    quant = {n: m for n, m in quantkit.load(out, dtype=torch.float32).named_modules() if isinstance(m, QuantLinear)}
+    quant = {n: m for n, m in quantkit.load(out, dtype=torch.float32, exact=True).named_modules() if isinstance(m, QuantLinear)}
     experts = [n for n in result.qweights if ".experts." in n]
     assert len(experts) == 2 * 8 * 3
     for n in experts:
@@ -234,7 +234,7 @@ def test_every_method_quantises_every_expert(tmp_path, cli, method, scheme):
     stored = ".weight_packed" if scheme == "w4a16" else ".weight_scale"
     experts = [k for k in _keys(src) if ".experts." in k or ".shared_expert." in k]
     assert experts and all(k.replace(".weight", stored) in keys for k in experts)
-    quant = quantkit.load(out, dtype=torch.float32)
+    quant = quantkit.load(out, dtype=torch.float32, exact=True)
     with torch.no_grad():
         ours = quant(IDS).logits
     assert torch.isfinite(ours).all()
@@ -253,18 +253,17 @@ def test_every_method_quantises_every_expert(tmp_path, cli, method, scheme):
 
 
 def test_runtime_decodes_moe_checkpoints_like_transformers(tmp_path, cli):
-    """quantkit's runtime (serve/generate/eval load through runtime.build.load_model): its incremental decoding
+    """quantkit's runtime (serve/generate/eval load through quantkit.load): its incremental decoding
     equals transformers' generate on the same loaded model, alone, with prompt lookup drafting, and batched;
     and the loaded model's logits match transformers' own load of the checkpoint."""
     from helpers import NumberTokenizer, greedy_with_and_without_lookup, hf_greedy, run_together_as_alone
     from transformers import AutoModelForCausalLM
 
-    from quantkit.runtime.build import load_model
     from quantkit.runtime.engine import Engine
     from quantkit.runtime.sampling import SamplingParams
 
     _, out = _quantize(cli, tmp_path, "mixtral")
-    model = load_model(str(out))
+    model = quantkit.load(str(out))
     ref = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, 500, (int(n),), generator=g).tolist() for n in (5, 9, 14)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 
 import pytest
+import quantkit
 import torch
 from torch import nn
 
@@ -102,11 +103,10 @@ def test_state_dict_holds_the_plain_weights():
 
 
 def test_runtime_loader_packs_float32_and_bf16_where_the_cpu_has_it(tmp_path):
-    f32 = build.load_model(str(make_tiny_model(tmp_path / "f32", seed=1)))
+    f32 = quantkit.load(str(make_tiny_model(tmp_path / "f32", seed=1)))
     assert isinstance(f32.model.layers[0].mlp.down_proj, PackedLinear)
     assert isinstance(f32.get_output_embeddings(), PackedLinear)
-    bf16 = build.load_model(str(make_tiny_model(tmp_path / "bf16", dtype=torch.bfloat16, seed=1)),
-                            torch.bfloat16)
+    bf16 = quantkit.load(str(make_tiny_model(tmp_path / "bf16", dtype=torch.bfloat16, seed=1)), dtype=torch.bfloat16)
     n_bf16 = sum(isinstance(m, PackedLinear) for m in bf16.modules())
     assert n_bf16 == (2 * 7 + 1 if available(torch.bfloat16) else 0)
     # float16 checkpoints hold float16 weights instead: tests/test_half_weight_linear.py
@@ -196,7 +196,7 @@ def test_quantised_checkpoints_are_not_packed(tmp_path, cli):
     out = tmp_path / "w4"
     assert cli("quantize", "--method", "rtn", src, "-o", out, "--quiet", "--group-size", "32",
                "--ignore", "lm_head", "--ignore", "model.layers.0.mlp.down_proj")[0] == 0
-    model = build.load_model(str(out))
+    model = quantkit.load(str(out))
     assert type(model.model.layers[0].mlp.down_proj) is nn.Linear  # left in float32, as the checkpoint has it
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
     assert build.compile_decode(model) is True

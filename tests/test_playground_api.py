@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+import quantkit
 import torch
 from transformers import AutoTokenizer
 
@@ -260,7 +261,7 @@ def test_compare_base_is_compiled_with_the_served_model(folders, monkeypatch):
     from quantkit.runtime.engine import Engine
     from quantkit.serve.playground import load_compare
 
-    served = build.load_model(str(folders["quant"]))
+    served = quantkit.load(str(folders["quant"]))
     engine = Engine(served, build.load_tokenizer(str(folders["quant"])))
     try:
         relaid = load_compare(str(folders["base"]), engine, dtype=torch.float16, compile_=True)

@@ -136,7 +136,7 @@ def test_mixed_preset_writes_two_config_groups_that_quantkit_and_transformers_lo
     assert groups[8]["weights"]["strategy"] == "channel" and groups[4]["weights"]["group_size"] == 128
 
     float_model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64)
-    q = quantkit.load(out, dtype=torch.float32)
+    q = quantkit.load(out, dtype=torch.float32, exact=True)
     fmods = dict(float_model.named_modules())
     ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float64)
     rmods = dict(ref.named_modules())

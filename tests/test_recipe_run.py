@@ -66,7 +66,7 @@ def test_ci_smoke_recipe_end_to_end(cli, tmp_path, embedded_dir):
     meta = json.loads((out / "quantkit.json").read_text())
     assert meta["recipe"]["quant"]["group_size"] == 64 and meta["recipe"]["output"] == str(out)
     assert (tmp_path / "ci-smoke-eval" / "report.md").is_file()
-    model = quantkit.load(out)
+    model = quantkit.load(out, exact=True)
     ids = torch.tensor([[1, 504, 3458, 314, 260, 1345]])
     with torch.no_grad():
         assert torch.isfinite(model(ids).logits).all()

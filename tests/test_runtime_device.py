@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from quantkit.errors import UserError
-from quantkit.runtime import build
+from quantkit.devices import resolve_device
 
 
 @pytest.fixture
@@ -22,38 +22,46 @@ def one_gpu(monkeypatch):
 def test_auto_follows_the_gpu(monkeypatch):
     for seen, expected in ((False, "cpu"), (True, "cuda")):
         monkeypatch.setattr(torch.cuda, "is_available", lambda seen=seen: seen)
-        assert build.resolve_device("auto") == expected
-        assert build.resolve_device(None) == expected
-    assert build.resolve_device(" CPU ") == "cpu"
+        assert resolve_device("auto") == expected
+        assert resolve_device(None) == expected
+    assert resolve_device(" CPU ") == "cpu"
 
 
 def test_explicit_cuda_without_a_gpu_is_refused(no_gpu):
     for name in ("cuda", "cuda:0"):
         with pytest.raises(UserError, match=f"--device {name}: this torch .* sees no CUDA GPU; use --device cpu"):
-            build.resolve_device(name)
+            resolve_device(name)
 
 
 def test_cuda_names_with_a_gpu(one_gpu):
-    assert build.resolve_device("cuda") == "cuda"
-    assert build.resolve_device("cuda:0") == "cuda:0"
+    assert resolve_device("cuda") == "cuda"
+    assert resolve_device("cuda:0") == "cuda:0"
     with pytest.raises(UserError, match="only 1 CUDA GPU"):
-        build.resolve_device("cuda:1")
+        resolve_device("cuda:1")
     for bad in ("tpu", "cuda:x", "gpu"):
         with pytest.raises(UserError, match="choose auto, cpu or cuda"):
-            build.resolve_device(bad)
+            resolve_device(bad)
 
 
-def test_load_model_builds_cpu_layouts_on_the_cpu_only(monkeypatch, tmp_path):
-    from quantkit.runtime import loader
+def test_load_builds_cpu_layouts_on_the_cpu_only(monkeypatch, tmp_path, one_gpu):
+    """quantkit.load's one set of defaults: the runtime's layouts on the CPU, the checkpoint's dtype on CUDA, and
+    exact=True the checkpoint's own modules anywhere."""
+    import quantkit
+    from quantkit.runtime import checkpoint
 
     calls = []
-    monkeypatch.setattr(loader, "load", lambda path, **kw: calls.append(kw) or "model")
-    build.load_model(str(tmp_path), None, "cpu")
-    build.load_model(str(tmp_path), torch.bfloat16, "cuda")
-    build.load_model(str(tmp_path), None, "cuda:0")
+    monkeypatch.setattr(checkpoint, "read_model", lambda path, **kw: calls.append(kw) or "model")
+    quantkit.load(tmp_path)
+    quantkit.load(tmp_path, device="cuda", dtype="bfloat16")
+    quantkit.load(tmp_path, device="cuda:0")
+    quantkit.load(tmp_path, device="auto", dtype=torch.float16, exact=True)
     assert calls[0] == dict(device="cpu", dtype=torch.float32, cpu_fast=True, relayout=True)
     assert calls[1] == dict(device="cuda", dtype=torch.bfloat16, cpu_fast=False, relayout=False)
     assert calls[2] == dict(device="cuda:0", dtype=None, cpu_fast=False, relayout=False)  # the checkpoint's dtype
+    assert calls[3] == dict(device="cuda", dtype=torch.float16)
+    assert quantkit.load is checkpoint.load  # the facade has no defaults of its own
+    with pytest.raises(UserError, match="unknown dtype 'float8'"):
+        quantkit.load(tmp_path, dtype="float8")
 
 
 @pytest.mark.parametrize("args", [

@@ -149,7 +149,7 @@ def test_checkpoint_layout_and_quantkit_round_trip(tmp_path, quant):
         assert (f"{name}.input_scale" in f.keys()) == static
     rows = inspect_checkpoint(out)["layers"]  # quantkit inspect counts int8 codes stored as they are
     assert len(rows) == 14 and all(8 < r["bits_per_weight"] < 8.6 for r in rows)  # + a float32 scale per row
-    model = quantkit.load(out, dtype=torch.float32)
+    model = quantkit.load(out, dtype=torch.float32, exact=True)
     lin = model.get_submodule(name)
     assert isinstance(lin, Int8Linear)
     assert torch.equal(lin.weight, res.qweights[name].q.to(torch.int8))
@@ -204,7 +204,7 @@ def test_transformers_loads_it_through_compressed_tensors(tmp_path, monkeypatch,
     # same weights, scales and activation rule: the logits agree up to the odd rounding tie that float32
     # summation order flips (2e-4 measured; a wrong scale layout or missing activation step is > 1e-2)
     monkeypatch.setattr(int8_mod, "quantize_per_token", _compressed_tensors_rule)
-    ours = quantkit.load(out, dtype=torch.float32)
+    ours = quantkit.load(out, dtype=torch.float32, exact=True)
     with torch.no_grad():
         mine = ours(ids).logits
     assert ((mine - theirs).norm() / theirs.norm()).item() < 1e-3

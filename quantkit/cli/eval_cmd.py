@@ -40,7 +40,7 @@ def eval_(
     """
     from ..errors import UserError
     from ..evaluate import parse_gates, run_eval
-    from ..runtime.build import resolve_device
+    from ..devices import resolve_device
 
     gates = parse_gates(gate)
     device = resolve_device(device)

@@ -35,7 +35,7 @@ def generate_cmd(
     import torch
 
     from ..open_model import open_model
-    from ..runtime.build import resolve_device
+    from ..devices import resolve_device
     from ..runtime.generate import generate
     from ..runtime.sampling import SamplingParams
 

@@ -70,7 +70,7 @@ def _recipe(recipe_path: str | None, sets: list[str], flags: dict):
     r = apply_overrides(load_recipe(recipe_path) if recipe_path else Recipe(), overrides)
     r = apply_overrides(r, {FLAG_FIELDS[k]: v for k, v in flags.items()})
     if r.device != "cpu":  # auto becomes cuda or cpu, and a missing GPU is a one-line error before any loading
-        from ..runtime.build import resolve_device
+        from ..devices import resolve_device
 
         r = apply_overrides(r, {"device": resolve_device(r.device)})
     return r

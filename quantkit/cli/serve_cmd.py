@@ -121,13 +121,14 @@ def serve_cmd(
     Example: quantkit serve ./smollm2-w4 --prompt-lookup 3 --port 8000
     then:    curl 127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' -d '{"model": "smollm2-w4", "prompt": "Hello", "max_tokens": 16}'
     """
-    from ..runtime import build
+    from ..devices import resolve_device
+    from ..runtime.checkpoint import resolve_path
     from ..serve.config import ServeConfig
 
     check_options(kv_cache, {"--max-batch": max_batch, "--max-queue": max_queue, "--max-connections": max_connections,
                              "--num-speculative-tokens": num_speculative_tokens, "--max-body-bytes": max_body_bytes},
                   header_timeout)
-    device = build.resolve_device(device)
+    device = resolve_device(device)
     sock = bind(host, port)
     port = sock.getsockname()[1]
     warn_if_open(host, api_key, port)
@@ -139,7 +140,7 @@ def serve_cmd(
     except BaseException:
         sock.close()
         raise
-    name = model_name or Path(build.resolve_path(path)).name
+    name = model_name or Path(resolve_path(path)).name
     config = ServeConfig(max_tokens_limit=max_tokens_limit, clamp_max_tokens=clamp_max_tokens, api_key=api_key or None,
                          host=host, allowed_hosts=_names(allowed_hosts), allowed_origins=_names(allowed_origins),
                          max_body_bytes=max_body_bytes, header_timeout=header_timeout, max_connections=max_connections)

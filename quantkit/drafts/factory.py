@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ..errors import UserError
-from ..runtime.build import load_model, load_tokenizer
+from ..runtime.build import load_tokenizer
+from ..runtime.checkpoint import load
 from ..runtime.speculative import ModelDrafter, PromptLookupDrafter, check_vocab
 from .eagle_draft import EagleDrafter
 from .eagle_head import is_head_dir, load_head
@@ -30,6 +31,6 @@ def drafter_factory(target, tokenizer, *, draft: str | None = None, prompt_looku
         head = load_head(draft, target)
         return lambda: EagleDrafter(target, head)
     else:
-        draft_model = load_model(draft, dtype, device)  # beside the target: drafts and verifies share tokens
+        draft_model = load(draft, device=device, dtype=dtype)  # beside the target: drafts and verifies share tokens
         check_vocab(target, draft_model, tokenizer, load_tokenizer(draft))
     return lambda: ModelDrafter(draft_model)

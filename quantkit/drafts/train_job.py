@@ -21,15 +21,16 @@ def train_draft_head(path: str, out: str, *, data: str = "self", samples: int = 
     opts = opts or TrainOptions()
     if samples < 2 or seq_len < 8:
         raise UserError(f"--samples must be at least 2 and --seq-len at least 8 (got {samples}, {seq_len})")
-    from ..runtime.loader import load
+    from ..devices import resolve_device
+    from ..dtypes import parse_dtype
+    from ..runtime.checkpoint import load
 
     build.set_threads(threads)
     tok = build.load_tokenizer(path)
     # the checkpoint's own modules, not the runtime's decode layout: that is tuned for a few rows per product,
     # and training runs whole sequences through the target
-    device = build.resolve_device(device)
-    model = load(build.resolve_path(path), device=device, dtype=build.parse_dtype(dtype) or torch.float32,
-                 cpu_fast=False, relayout=False)
+    device = resolve_device(device)
+    model = load(path, device=device, dtype=parse_dtype(dtype) or torch.float32, exact=True)
     model.requires_grad_(False)
     inner = getattr(model, "model", None)
     if not (hasattr(inner, "rotary_emb") and hasattr(inner, "norm")):

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
+from ..dtypes import DTYPES
 from ..errors import UserError
 
 BACKENDS = ("quantkit", "transformers", "vllm")
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 WORKER = Path(__file__).with_name("vllm_worker.py")
 # vLLM's CPU build quantises bfloat16 activations to int8 for 4-bit weights on AMX machines (W4A8) unless told
 # not to; a W4A16 checkpoint is then scored as something else, so the comparison switches it off and says so.
@@ -102,12 +102,12 @@ def _transformers_kwargs(path: str) -> dict:
 @torch.inference_mode()
 def score_quantkit(path: str, windows, prompts, max_new: int, dtype: str) -> Scores:
     """quantkit's runtime, as `quantkit serve` runs the checkpoint."""
-    from ..runtime.build import load_model
+    from ..runtime.checkpoint import load
     from ..runtime.generate import generate
     from ..runtime.sampling import SamplingParams
     from .perplexity import window_logprobs
 
-    model = load_model(path, DTYPES[dtype])
+    model = load(path, dtype=DTYPES[dtype])
     params = SamplingParams(max_tokens=max_new, ignore_eos=True)
     return _score_forward("quantkit", lambda ids: window_logprobs(model, ids[0], "cpu"), windows, prompts,
                           lambda p: [t.id for t in generate(model, p, params).tokens])

@@ -143,13 +143,13 @@ def _worst(tokens: _Tokens, tok, windows, task_ctx) -> list[dict]:
 
 def evaluate_model(spec: ModelSpec, *, is_base: bool, tok, windows, body, stride, tasks, prompts, max_new,
                    device, dtype, store, base_answers, log) -> dict:
-    from ..runtime.loader import load
+    from ..runtime.checkpoint import load
 
     peak = PeakMemory(device)
     gc.collect()
     peak.reset()
     t0 = time.time()
-    model = load(spec.path, device=device, dtype=dtype)
+    model = load(spec.path, device=device, dtype=dtype, exact=True)  # scored as stored, not re-laid
     log(f"{spec.label}: loaded in {time.time() - t0:.1f} s")
     cfg = config_of(spec.path)
     dtype_bytes = next(p.element_size() for p in model.parameters() if p.is_floating_point())

@@ -7,14 +7,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..dtypes import parse_dtype, stored_dtype
 from ..errors import UserError
 from .shape_check import check_weights_match
 
 # Architectures whose projections are nn.Linear and that the tests exercise; other causal LMs with nn.Linear
 # projections work too, this list is what error messages point at.
 SUPPORTED = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "opt"]
-
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -69,12 +68,12 @@ def check_architecture(config) -> None:
 
 
 def resolve_dtype(dtype: str, config) -> torch.dtype:
-    if dtype != "auto":
-        return _DTYPES[dtype]
+    """The recipe's dtype, or for 'auto' the one config.json says the weights are stored in."""
+    chosen = parse_dtype(dtype)
+    if chosen is not None:
+        return chosen
     d = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    if isinstance(d, torch.dtype):
-        return d
-    return _DTYPES.get(str(d).replace("torch.", ""), torch.float32)
+    return d if isinstance(d, torch.dtype) else stored_dtype(d)
 
 
 def read_config(src: Path):

@@ -1,4 +1,5 @@
-"""From command-line choices to runtime objects: the target model, its tokenizer, threads, compilation.
+"""From command-line choices to runtime objects besides the model (quantkit.load, runtime/checkpoint.py): its
+tokenizer, threads, compilation.
 
 Drafters are chosen one layer up (quantkit/drafts), since a self-draft is made by quantising."""
 from __future__ import annotations
@@ -10,28 +11,6 @@ import torch
 
 from ..errors import UserError
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "auto": None}
-
-
-def parse_dtype(name):
-    """A --dtype name to a torch dtype; None and torch dtypes pass through."""
-    if name is None or isinstance(name, torch.dtype):
-        return name
-    if name not in DTYPES:
-        raise UserError(f"unknown dtype '{name}'; choose one of: {', '.join(DTYPES)}")
-    return DTYPES[name]
-
-
-def resolve_path(path: str) -> str:
-    if path in ("embedded", "smollm2"):
-        from ..models.embedded import embedded_model_dir
-
-        return str(embedded_model_dir())
-    if not Path(path).is_dir():
-        raise UserError(f"{path} is not a model folder; give a quantkit checkpoint or Hugging Face model folder "
-                        "(or 'embedded' for the built-in SmolLM2-135M)")
-    return path
-
 
 def set_threads(n: int | None) -> None:
     """Intra-op threads for CPU decoding. Batch-1 decode of a small model is per-op overhead, and on a machine
@@ -40,38 +19,6 @@ def set_threads(n: int | None) -> None:
         if n < 1:
             raise UserError(f"--threads must be at least 1, got {n}")
         torch.set_num_threads(n)
-
-
-def resolve_device(name: str | None) -> str:
-    """A --device value to a torch device string: auto is CUDA when this torch sees a GPU, else the CPU."""
-    name = (name or "auto").strip().lower()
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cpu":
-        return name
-    if name != "cuda" and not (name.startswith("cuda:") and name[5:].isdigit()):
-        raise UserError(f"unknown --device '{name}'; choose auto, cpu or cuda (cuda:N for one GPU)")
-    if not torch.cuda.is_available():
-        raise UserError(f"--device {name}: this torch ({torch.__version__}) sees no CUDA GPU; "
-                        "use --device cpu or --device auto")
-    if ":" in name and int(name[5:]) >= torch.cuda.device_count():
-        raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA GPU(s) visible; pick a lower index")
-    return name
-
-
-def load_model(path: str, dtype=None, device: str = "cpu"):
-    """The model this runtime decodes with, through the checkpoint loader (float or quantised folders).
-
-    On the CPU, dtype None means float32, whatever the checkpoint stores: float32 activations are exact there
-    and a float16 checkpoint's weights still read as float16 (linear/relayout.py); the model only decodes, so
-    its weights are laid out and fused for speed as it loads (loader.load's relayout). On CUDA, dtype None
-    keeps the checkpoint's dtype (the GPU kernels take float16/bfloat16 activations) and no CPU layout is
-    built: quantised layers run our CUDA/Triton kernels (kernels/dispatch.py)."""
-    from .loader import load
-
-    if device == "cpu":
-        return load(resolve_path(path), device="cpu", dtype=dtype or torch.float32, cpu_fast=True, relayout=True)
-    return load(resolve_path(path), device=device, dtype=dtype, cpu_fast=False, relayout=False)
 
 
 STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its float32 products are oneDNN calls on pre-laid "
@@ -151,6 +98,7 @@ def _check_tokenizer_files(path: str) -> None:
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
+    from .checkpoint import resolve_path
     from .loader import read_config
 
     path = resolve_path(path)

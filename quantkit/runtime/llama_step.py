@@ -66,12 +66,12 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + rotated * sin
 
 
-RELAYOUT_ATTR = "_quantkit_relayout"  # set by loader.load(relayout=True): the runtime owns the model's weight layout
+RELAYOUT_ATTR = "_quantkit_relayout"  # set by read_model(relayout=True): the runtime owns the weight layout
 PLAN_ATTR = "_quantkit_step_plan"
 
 
 class StepPlan:
-    """Per model, made once as the runtime loads it (loader.load -> attach_plan): each layer's fused q/k/v and
+    """Per model, made once as the runtime loads it (loader.read_model -> attach_plan): each layer's fused q/k/v and
     gate/up calls (linear/fused.py), and the fewest rows a step feeds its products (oneDNN's take their fast
     path from 4 rows: linear/packed.py; padding the step once costs less than padding each of its ~200
     products)."""

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..dtypes import parse_dtype
 from ..errors import UserError
 from ..formats.compressed_tensors import load_tensors, module_targets
 from ..formats.integrity import check_layout, check_values
@@ -23,8 +24,6 @@ from ..formats.quant_config_check import check_group_fits, check_quantization_co
 from ..formats.safetensors_header import read_header
 from ..linear import dispatch
 from ..models.moe import unfuse_experts
-
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 KV_SCALE_KEYS = (".k_scale", ".v_scale")
 
@@ -89,9 +88,11 @@ def warn_if_changed(path: Path) -> None:
                                               f"was not on purpose, run quantkit verify {path}")
 
 
-def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None = None,
-         cpu_fast: bool = False, relayout: bool = False, check_manifest: bool = True) -> nn.Module:
-    """cpu_fast: on CPU, run quantised layers through torch's packed int4/int8 ops with bf16 activations
+def read_model(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None = None,
+               cpu_fast: bool = False, relayout: bool = False, check_manifest: bool = True) -> nn.Module:
+    """The mechanism under quantkit.load (runtime/checkpoint.py), which chooses these options; only verify
+    calls it directly (it checks the manifest itself).
+    cpu_fast: on CPU, run quantised layers through torch's packed int4/int8 ops with bf16 activations
     whatever the model dtype, and a float32 output head as a float16 copy (linear/half_head.py): the runtime's
     choice, much faster, ~1e-3 relative difference in logits. The default keeps the model's dtype exactly
     (dequantise + matmul).
@@ -102,8 +103,7 @@ def load(path: str | Path, device: str = "cpu", dtype: torch.dtype | str | None 
     itself, in full)."""
     path = Path(path)
     qc = read_config(path).get("quantization_config")
-    if isinstance(dtype, str):
-        dtype = _DTYPES[dtype]
+    dtype = parse_dtype(dtype)
     check_weight_files(path, quantised=qc is not None)
     if qc is None:
         model = _load_float(path, device, dtype)

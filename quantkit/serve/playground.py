@@ -90,7 +90,7 @@ def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prom
     is compiled when the served one is (`--compile`; a float32 base in oneDNN's layout stays eager, its fastest, see
     build.compile_decode), so that their speeds compare like for like."""
     from ..open_model import open_model
-    from ..runtime.build import resolve_path
+    from ..runtime.checkpoint import resolve_path
     from ..runtime.engine import Engine
 
     opened = open_model(path, dtype=dtype, prompt_lookup=prompt_lookup, compile=compile_, warn=lambda note: None)
