@@ -27,7 +27,7 @@ from quantkit.drafts import drafter_factory  # noqa: E402
 from quantkit.drafts.eagle_train import TrainOptions  # noqa: E402
 from quantkit.drafts.train_job import train_draft_head  # noqa: E402
 from quantkit.open_model import open_model  # noqa: E402
-from quantkit.runtime.generate import eos_ids  # noqa: E402
+from quantkit.runtime.sequence import eos_ids  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 
 

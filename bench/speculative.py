@@ -26,7 +26,7 @@ from quantkit.open_model import open_model  # noqa: E402
 import quantkit  # noqa: E402
 from quantkit.dtypes import parse_dtype  # noqa: E402
 from quantkit.runtime.checkpoint import resolve_path  # noqa: E402
-from quantkit.runtime.generate import eos_ids  # noqa: E402
+from quantkit.runtime.sequence import eos_ids  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter  # noqa: E402
 

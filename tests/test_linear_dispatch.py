@@ -19,7 +19,8 @@ from quantkit.linear.half_head import HalfHead
 from quantkit.linear.packed import PackedLinear, available as onednn_available
 from quantkit.linear.quant import QuantLinear
 from quantkit.runtime import build, llama_step
-from quantkit.runtime.kv_cache import forward, new_decode_cache
+from quantkit.runtime.forward import forward
+from quantkit.runtime.kv_cache import new_decode_cache
 from quantkit.testing.packed import make_packed
 
 INT_GROUP = {"weights": {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 32, "symmetric": True}}

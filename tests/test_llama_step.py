@@ -8,7 +8,8 @@ import torch
 from helpers import rel_err, tiny_config, tiny_model
 
 from quantkit.runtime import llama_step
-from quantkit.runtime.kv_cache import crop_to, forward, forward_many, new_decode_cache
+from quantkit.runtime.forward import forward, forward_many
+from quantkit.runtime.kv_cache import crop_to, new_decode_cache
 from quantkit.runtime.slot_cache import SlotHandle
 
 
@@ -144,7 +145,7 @@ def test_length_dependent_rope_stays_with_transformers():
 def test_decoding_leaves_a_callers_model_as_it_was(tmp_path):
     """A model the caller built (not one the runtime loaded) keeps ordinary, contiguous weights: it can still be
     saved, trained and changed in place after decoding, in a bf16 model outside inference mode too."""
-    from quantkit.runtime.generate import Sequence
+    from quantkit.runtime.sequence import Sequence
     from quantkit.runtime.sampling import SamplingParams
     from quantkit.runtime.speculative import PromptLookupDrafter
 

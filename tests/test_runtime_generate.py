@@ -5,7 +5,8 @@ import torch
 from helpers import hf_greedy
 
 from quantkit.errors import UserError
-from quantkit.runtime.generate import Sequence, generate
+from quantkit.runtime.generate import generate
+from quantkit.runtime.sequence import Sequence
 from quantkit.runtime.sampling import SamplingParams, probs
 from quantkit.testing.models import tiny_llama
 

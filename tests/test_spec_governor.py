@@ -1,7 +1,8 @@
 """Speculation backs off while drafts are rejected (so it is never much slower) and never changes the output."""
 import torch
 
-from quantkit.runtime.generate import Sequence, generate
+from quantkit.runtime.generate import generate
+from quantkit.runtime.sequence import Sequence
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.runtime.spec_governor import SpeculationGovernor
 from quantkit.testing.models import tiny_llama
@@ -166,7 +167,7 @@ class ExactDrafter:
 def test_accepted_but_costly_drafts_are_paused_and_cheap_ones_are_not(monkeypatch):
     """Every draft is accepted either way; only its (fake) cost differs. A draft that costs more than the tokens
     it saves is mostly skipped; a cheap one drafts nearly every step. The output never changes."""
-    from quantkit.runtime import generate as gen
+    from quantkit.runtime import sequence as gen
 
     model = tiny_llama(vocab_size=256, seed=12)
     prompt = list(range(5, 25))
@@ -194,7 +195,7 @@ def test_in_the_engine_each_request_is_timed_on_its_own_work(monkeypatch):
     import threading
 
     from helpers import NumberTokenizer
-    from quantkit.runtime import generate as gen
+    from quantkit.runtime import sequence as gen
     from quantkit.runtime.engine import Engine
 
     clock = _Clock(0.05)

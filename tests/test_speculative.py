@@ -5,7 +5,8 @@ import torch
 from helpers import rel_err, sampled_pair_frequencies
 from quantkit.errors import UserError
 from quantkit.runtime import speculative as spec
-from quantkit.runtime.generate import Sequence, generate
+from quantkit.runtime.generate import generate
+from quantkit.runtime.sequence import Sequence
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.drafts import self_w4_draft
 from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, accept, check_vocab

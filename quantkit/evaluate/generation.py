@@ -31,7 +31,7 @@ def _sync(device) -> None:
 
 @torch.inference_mode()
 def greedy_answer(model, tokenizer, prompt_ids: list[int], max_new_tokens: int, device) -> Answer:
-    from ..runtime.generate import Sequence
+    from ..runtime.sequence import Sequence
     from ..runtime.sampling import SamplingParams
 
     _sync(device)
@@ -53,7 +53,7 @@ def greedy_answer(model, tokenizer, prompt_ids: list[int], max_new_tokens: int, 
 @torch.inference_mode()
 def answer_logprobs(model, prompt_ids: list[int], answer_ids: list[int], device) -> torch.Tensor:
     """[len(answer), V] log-probabilities at the positions that predict each answer token (teacher forcing)."""
-    from ..runtime.kv_cache import forward
+    from ..runtime.forward import forward
     from .cache import eval_cache
 
     ids = torch.tensor(prompt_ids + answer_ids, dtype=torch.long, device=device)

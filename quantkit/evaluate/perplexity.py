@@ -21,7 +21,7 @@ def scored_positions(n_tokens: int, index: int, stride: int, body: int) -> int:
 @torch.inference_mode()
 def window_logprobs(model, ids: torch.Tensor, device) -> torch.Tensor:
     """[T-1, V] float32 log-probabilities of the next token at positions 0..T-2."""
-    from ..runtime.kv_cache import forward
+    from ..runtime.forward import forward
     from .cache import eval_cache
 
     logits = forward(model, ids.to(device), eval_cache(model), last_only=False)

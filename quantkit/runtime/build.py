@@ -27,7 +27,7 @@ STAYS_EAGER_NOTE = ("note: --compile leaves this model eager: its float32 produc
 
 def compile_decode(model):
     """torch.compile the decode step (`--compile`), with dynamic shapes so that the growing cache and the varying
-    number of verified tokens do not recompile. Prefills stay eager (kv_cache.forward, llama_step.forward_batch):
+    number of verified tokens do not recompile. Prefills stay eager (forward.forward, llama_step.forward_batch):
     a fresh cache's lazy per-layer set-up would otherwise recompile at every new request. On a CPU this removes
     much of the per-op overhead, which dominates a W4 decode step (docs/benchmarks.md); in float32 the matmuls
     dominate and it gains little. The first decode step compiles (about a minute on 2 cores), so it is

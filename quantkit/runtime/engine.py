@@ -17,9 +17,10 @@ from typing import Callable
 
 import torch
 
-from . import generate as decode_loop
-from .generate import Sequence
-from .kv_cache import crop_to, forward_many
+from . import sequence as decode_state
+from .forward import forward_many
+from .kv_cache import crop_to
+from .sequence import Sequence
 from .metrics import ServerMetrics
 
 
@@ -182,15 +183,15 @@ class Engine:
         fed = []
         for req in batch:
             try:
-                fed.append((req, req.seq.cache.get_seq_length(), req.seq.plan(speculate)))
+                fed.append((req, req.seq.cache.get_seq_length(), req.seq.next_feed(speculate)))
             except Exception as e:  # a drafter failing for one request must not take the others down
                 self._fail(req, e)
         if not fed:
             return
-        t = decode_loop.clock()
+        t = decode_state.clock()
         try:
             logits = forward_many(self.model, [(r.seq.cache, ids) for r, _, ids in fed], last_only)
-            forward_s = decode_loop.clock() - t
+            forward_s = decode_state.clock() - t
         except Exception:
             # find who it was: each request alone (a request whose forward ran before the failure has its
             # cache one step ahead, so roll every cache back to where this step began)

@@ -1,18 +1,15 @@
-"""KV-cache helpers: make one per sequence, run forwards through it, roll it back after a rejected speculation.
+"""KV caches: make one per sequence, give it back, roll it back after a rejected speculation.
 
 Two kinds of cache: a slot in the model's shared SlotPool, driven by our own Llama-family forward (llama_step.py:
 batched across sequences, rollback by length), and transformers' own caches for every other model, for the FP8
-KV cache and for the evaluation code that wants a plain transformers forward.
+KV cache and for the evaluation code that wants a plain transformers forward. Running a forward through either
+is forward.py's.
 """
 from __future__ import annotations
-
-import inspect
 
 import torch
 from transformers import DynamicCache
 
-from . import compiled
-from .rows import Rows
 from .slot_cache import SlotHandle
 
 
@@ -50,42 +47,3 @@ def crop_to(cache, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
-
-
-def _cache_kw(model) -> str:
-    # transformers 5.x renames the argument to `cache` (the old name warns); 4.x only knows the old one.
-    kw = getattr(model, "_quantkit_cache_kw", None)
-    if kw is None:
-        kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-        model._quantkit_cache_kw = kw
-    return kw
-
-
-def forward(model, ids: torch.Tensor, cache, last_only: bool) -> torch.Tensor:
-    """Logits [n, V] for the 1-D ids appended to the cache (only the last row when last_only)."""
-    if isinstance(cache, SlotHandle):
-        from .llama_step import forward_batch
-
-        return forward_batch(model, [(cache, ids)], last_only)[0].all()
-    step = compiled.step(model, "decode")  # build.compile_decode's compiled forward, if any
-    if step is None or cache.get_seq_length() == 0:
-        step = model
-    out = step(input_ids=ids.unsqueeze(0), use_cache=True, logits_to_keep=1 if last_only else 0,
-               **{_cache_kw(model): cache})
-    return out.logits[0]
-
-
-def forward_many(model, items: list[tuple[object, torch.Tensor]], last_only: bool = False) -> list[Rows]:
-    """`forward` for several sequences of one model, as Rows: the slot caches among them share one batched
-    forward, and a multi-token row's logits wait until they are asked for."""
-    out: list[Rows | None] = [None] * len(items)
-    batch = [j for j, (c, _) in enumerate(items) if isinstance(c, SlotHandle)]
-    if batch:
-        from .llama_step import forward_batch
-
-        for j, logits in zip(batch, forward_batch(model, [items[j] for j in batch], last_only)):
-            out[j] = logits
-    for j, (cache, ids) in enumerate(items):
-        if out[j] is None:
-            out[j] = Rows(forward(model, ids, cache, last_only))
-    return out

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 
 from . import sampling
-from .generate import Sequence, check_logits
-from .kv_cache import forward_many
+from .forward import forward_many
+from .sequence import Sequence, check_logits
 
 PROMPT_CHUNK = 64  # prompt tokens per forward when their logprobs are wanted: bounds the [rows, vocab] logits
 
@@ -79,7 +79,7 @@ class ProcessedSequence(Sequence):
     def _prefill_with_logprobs(self):
         """The prefill in chunks of PROMPT_CHUNK tokens through the cache (the same attention as one forward),
         so a long prompt never holds a [prompt, vocab] logits tensor at once."""
-        ids = self.plan(False)  # the whole prompt; plan also resets the step's state for finish()
+        ids = self.next_feed(False)  # the whole prompt; next_feed also resets the step's state for finish()
         n_top = self.params.logprobs or 0
         records: list[TokenLogprob | None] = [None]  # nothing predicts the first prompt token
         for start in range(0, ids.shape[0], PROMPT_CHUNK):

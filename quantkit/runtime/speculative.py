@@ -10,7 +10,8 @@ import torch
 
 from ..errors import UserError
 from . import sampling
-from .kv_cache import crop_to, forward, new_decode_cache
+from .forward import forward
+from .kv_cache import crop_to, new_decode_cache
 
 
 def accept(p, q: torch.Tensor | None, draft: list[int], generator: torch.Generator | None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..runtime.generate import context_limit
+from ..runtime.sequence import context_limit
 from ..runtime.speculative import vocab_rows
 
 DEFAULT_MAX_BODY_BYTES = 2 << 20  # a full 128k-token context as text or as a list of ids fits

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import UserError
 from ..runtime.engine import QueueFull, Request
-from ..runtime.generate import Sequence
+from ..runtime.sequence import Sequence
 from ..runtime.sampling import SamplingParams
 from .config import ServeState
 from .protocol import APIError, parse

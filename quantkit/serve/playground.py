@@ -24,7 +24,7 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from ..errors import UserError
-from ..runtime.generate import context_limit
+from ..runtime.sequence import context_limit
 from ..runtime.speculative import vocab_rows
 from .chat import template_ids
 from .protocol import APIError, Message, StrictModel, load_json, validate
