@@ -26,7 +26,7 @@ from quantkit.open_model import open_model  # noqa: E402
 from quantkit.runtime.engine import Engine  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 from quantkit.drafts import self_w4_draft  # noqa: E402
-from quantkit.runtime.speculative import ModelDrafter  # noqa: E402
+from quantkit.drafts.model_draft import ModelDrafter  # noqa: E402
 
 
 def run(model, tok, prompts, n: int, tokens: int, factory, k: int, speculate: bool) -> float:

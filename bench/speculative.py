@@ -28,7 +28,8 @@ from quantkit.dtypes import parse_dtype  # noqa: E402
 from quantkit.runtime.checkpoint import resolve_path  # noqa: E402
 from quantkit.runtime.sequence import eos_ids  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
-from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter  # noqa: E402
+from quantkit.drafts.model_draft import ModelDrafter  # noqa: E402
+from quantkit.drafts.prompt_lookup import PromptLookupDrafter  # noqa: E402
 
 
 def main():

@@ -75,7 +75,7 @@ def greedy_with_and_without_lookup(model, prompts, params, want=None) -> int:
     """For each prompt, our greedy decode of `model` equals want(prompt) (when given), and decoding with prompt
     lookup drafting gives the same tokens; returns how many verify steps drafted, for the caller to check > 0."""
     from quantkit.runtime.generate import generate
-    from quantkit.runtime.speculative import PromptLookupDrafter
+    from quantkit.drafts.prompt_lookup import PromptLookupDrafter
 
     spec_steps = 0
     for prompt in prompts:
@@ -231,7 +231,7 @@ def sampled_pair_frequencies(target, draft, prompt: list[int], vocab: int, n: in
     ModelDrafter(draft), k = 2; each run must have drafted at least once. For exact-distribution tests."""
     from quantkit.runtime.generate import generate
     from quantkit.runtime.sampling import SamplingParams
-    from quantkit.runtime.speculative import ModelDrafter
+    from quantkit.drafts.model_draft import ModelDrafter
     from quantkit.testing.models import single_thread
 
     counts = torch.zeros(vocab * vocab)

@@ -8,7 +8,7 @@ from quantkit.runtime import llama_step
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.speculative import PromptLookupDrafter
+from quantkit.drafts.prompt_lookup import PromptLookupDrafter
 from quantkit.testing.models import single_thread, tiny_llama
 
 
@@ -84,7 +84,7 @@ def test_a_failing_request_does_not_fail_the_others_in_its_step():
 
 
 def test_a_draft_model_gives_its_slots_back_when_requests_finish():
-    from quantkit.runtime.speculative import ModelDrafter
+    from quantkit.drafts.model_draft import ModelDrafter
 
     target = tiny_llama(vocab_size=64, seed=8, init_std=0.2)
     draft = tiny_llama(vocab_size=64, seed=9, init_std=0.2)

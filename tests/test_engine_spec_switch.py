@@ -8,7 +8,7 @@ from helpers import EngineRequests, NumberTokenizer
 from quantkit.runtime.engine import Engine
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sampling import SamplingParams
-from quantkit.runtime.speculative import PromptLookupDrafter
+from quantkit.drafts.prompt_lookup import PromptLookupDrafter
 from quantkit.testing.models import single_thread, tiny_llama
 
 

@@ -147,7 +147,7 @@ def test_decoding_leaves_a_callers_model_as_it_was(tmp_path):
     saved, trained and changed in place after decoding, in a bf16 model outside inference mode too."""
     from quantkit.runtime.sequence import Sequence
     from quantkit.runtime.sampling import SamplingParams
-    from quantkit.runtime.speculative import PromptLookupDrafter
+    from quantkit.drafts.prompt_lookup import PromptLookupDrafter
 
     model = _model("llama", seed=10).to(torch.bfloat16)
     ids = torch.randint(0, 128, (6,), generator=torch.Generator().manual_seed(3)).tolist()

@@ -18,7 +18,7 @@ from quantkit.runtime.generate import generate
 from quantkit.serve.playground import STATIC, CompareModel, mount
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.serve.app import create_app
-from quantkit.runtime.speculative import PromptLookupDrafter
+from quantkit.drafts.prompt_lookup import PromptLookupDrafter
 from quantkit.testing.models import single_thread, tiny_llama
 
 from helpers import ServerThread, free_port

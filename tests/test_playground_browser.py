@@ -26,7 +26,7 @@ from quantkit.runtime.generate import generate
 from quantkit.serve.playground import CompareModel, mount, teacher_forced_kl
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.serve.app import create_app
-from quantkit.runtime.speculative import PromptLookupDrafter
+from quantkit.drafts.prompt_lookup import PromptLookupDrafter
 from quantkit.testing.models import single_thread, tiny_llama
 
 CHROMIUM = os.environ.get("QUANTKIT_CHROMIUM", "/usr/bin/chromium")

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from quantkit.models.embedded import embedded_model_dir
 from quantkit.runtime.engine import Engine
 from quantkit.serve.app import create_app
-from quantkit.runtime.speculative import PromptLookupDrafter
+from quantkit.drafts.prompt_lookup import PromptLookupDrafter
 from quantkit.testing.models import single_thread, tiny_llama
 
 from helpers import ServerThread

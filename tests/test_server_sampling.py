@@ -8,7 +8,7 @@ import openai
 import pytest
 import torch
 
-from quantkit.runtime.speculative import PromptLookupDrafter
+from quantkit.drafts.prompt_lookup import PromptLookupDrafter
 from quantkit.testing.models import single_thread
 
 from serve_helpers import NAME, Served, assert_error, forward_logits, random_model, real_tokenizer

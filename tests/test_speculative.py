@@ -4,12 +4,13 @@ import torch
 
 from helpers import rel_err, sampled_pair_frequencies
 from quantkit.errors import UserError
-from quantkit.runtime import speculative as spec
 from quantkit.runtime.generate import generate
 from quantkit.runtime.sequence import Sequence
 from quantkit.runtime.sampling import SamplingParams
 from quantkit.drafts import self_w4_draft
-from quantkit.runtime.speculative import ModelDrafter, PromptLookupDrafter, accept, check_vocab
+from quantkit.drafts.model_draft import ModelDrafter, check_vocab
+from quantkit.drafts.prompt_lookup import PromptLookupDrafter
+from quantkit.runtime.speculative import accept
 from quantkit.testing.models import tiny_llama
 
 
@@ -201,7 +202,7 @@ def test_self_w4_draft_is_a_quantised_copy(model):
     step = w.reshape(w.shape[0], -1, 32).abs().amax(-1, keepdim=True) / 7
     assert ((groups - w.reshape_as(groups)).abs() <= step / 2 + 1e-6).all()
     assert torch.equal(draft.lm_head.weight, model.lm_head.weight)
-    assert spec.ModelDrafter(draft).deterministic is False
+    assert ModelDrafter(draft).deterministic is False
 
 
 def test_packed_self_w4_draft_holds_the_same_codes_and_keeps_output_exact(model):

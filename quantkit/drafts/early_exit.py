@@ -2,7 +2,7 @@
 
 No training and no second set of weights: the draft is a view of the target whose layer list is cut short, so
 it shares every tensor (embedding, layers, norm, head) and costs N/L of a target step per drafted token. It is
-handed to the runtime's ModelDrafter, which gives it its own KV cache (N layers deep) and rolls it back after
+handed to a ModelDrafter (model_draft.py), which gives it its own KV cache (N layers deep) and rolls it back after
 each verify; the target verifies every drafted token with the exact acceptance rule, so the output is the
 target's whatever the draft proposes.
 """

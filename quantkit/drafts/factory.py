@@ -6,10 +6,11 @@ from typing import Callable
 from ..errors import UserError
 from ..runtime.build import load_tokenizer
 from ..runtime.checkpoint import load
-from ..runtime.speculative import ModelDrafter, PromptLookupDrafter, check_vocab
 from .eagle_draft import EagleDrafter
 from .eagle_head import is_head_dir, load_head
 from .early_exit import PREFIX as EARLY_EXIT, early_exit_draft, parse_layers
+from .model_draft import ModelDrafter, check_vocab
+from .prompt_lookup import PromptLookupDrafter
 from .self_w4 import self_w4_draft
 
 

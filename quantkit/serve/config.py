@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..runtime.sequence import context_limit
-from ..runtime.speculative import vocab_rows
+from ..drafts.model_draft import vocab_rows
 
 DEFAULT_MAX_BODY_BYTES = 2 << 20  # a full 128k-token context as text or as a list of ids fits
 

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..errors import UserError
 from ..runtime.sequence import context_limit
-from ..runtime.speculative import vocab_rows
+from ..drafts.model_draft import vocab_rows
 from .chat import template_ids
 from .protocol import APIError, Message, StrictModel, load_json, validate
 
