@@ -80,7 +80,7 @@ def load_engines(path, *, threads, dtype, draft, prompt_lookup, num_speculative_
     engine = Engine(model, tok, drafter_factory=make_drafter, num_speculative_tokens=num_speculative_tokens,
                     max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch, kv_cache=kv_cache)
     try:
-        base = load_compare(compare, engine, dtype=dt, prompt_lookup=prompt_lookup, compile_=compile_,
+        base = load_compare(compare, engine, dtype=dt, prompt_lookup=prompt_lookup, compile_=compile_, device=device,
                             max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch) if compare else None
     except BaseException:
         engine.close()

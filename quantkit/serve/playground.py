@@ -84,7 +84,7 @@ def teacher_forced_kl(model, base, ids: list[int], n_prompt: int) -> dict:
 
 
 def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prompt_lookup: int | None = None,
-                 compile_: bool = False, **engine_kw) -> CompareModel:
+                 compile_: bool = False, device: str = "cpu", **engine_kw) -> CompareModel:
     """`--compare BASE`: load the base model next to the served one, checked to share its tokenizer, with its
     own engine. It drafts by prompt lookup when the served model does (no second draft model is loaded), and
     is compiled when the served one is (`--compile`; a float32 base in oneDNN's layout stays eager, its fastest, see
@@ -93,7 +93,9 @@ def load_compare(path: str, engine, *, name: str | None = None, dtype=None, prom
     from ..runtime.checkpoint import resolve_path
     from ..runtime.engine import Engine
 
-    opened = open_model(path, dtype=dtype, prompt_lookup=prompt_lookup, compile=compile_, warn=lambda note: None)
+    # on the served model's device: a base left on the CPU beside a GPU model would not compare speeds like for like
+    opened = open_model(path, dtype=dtype, prompt_lookup=prompt_lookup, compile=compile_, warn=lambda note: None,
+                        device=device)
     check_same_vocab(engine.model, opened.model, engine.tokenizer, opened.tokenizer)
     base_engine = Engine(opened.model, opened.tokenizer, drafter_factory=opened.make_drafter,
                          num_speculative_tokens=engine.k, **engine_kw)
