@@ -2,6 +2,6 @@
 rejection rule, batching (the Engine) and metrics; the HTTP server over it is quantkit.serve, the drafters are
 quantkit.drafts.
 
-Import submodules directly (`quantkit.runtime.checkpoint`, `.generate`, `.sequence`, `.engine`); this package keeps its
-import light so `quantkit --help` stays fast.
+Import submodules directly (`quantkit.runtime.checkpoint`, `.generate`, `.sequence`, `.engine`); this package
+keeps its import light so `quantkit --help` stays fast.
 """
