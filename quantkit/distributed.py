@@ -82,10 +82,25 @@ class Pool:
         return t
 
     @staticmethod
+    def total(x: float) -> float:
+        """A float summed over every rank (an error measured on each rank's own samples)."""
+        if not active():
+            return x
+        return float(Pool.sum(torch.tensor([x], dtype=torch.float64, device=_device())).item())
+
+    @staticmethod
     def max(t: torch.Tensor) -> torch.Tensor:
         if active():
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t
+
+    @staticmethod
+    def active() -> bool:
+        return active()
+
+    @staticmethod
+    def index(local: int) -> int:
+        return global_index(local)
 
     @staticmethod
     def count(n: int) -> int:

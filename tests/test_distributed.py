@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from quantkit import distributed
 from test_data_support import SAMPLE, tiny_tokenizer
@@ -35,9 +36,23 @@ def src(tmp_path_factory):
     return folder
 
 
-def _args(src, out, scheme: str, method: str) -> list[str]:
+@pytest.fixture(scope="module")
+def src_outliers(src, tmp_path_factory):
+    """The same model with a few input channels 30x larger (as real models have), so that AWQ and SmoothQuant
+    choose scalings other than none and their searches decide something."""
+    folder = tmp_path_factory.mktemp("dist") / "outliers"
+    shutil.copytree(src, folder)
+    tensors = load_file(folder / "model.safetensors")
+    for k in tensors:
+        if k.endswith("layernorm.weight"):
+            tensors[k][:4] *= 30
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def _args(src, out, scheme: str, method: str, *extra: str) -> list[str]:
     return ["quantize", str(src), "-o", str(out), "--scheme", scheme, "--method", method, "--calib", str(SAMPLE),
-            "--num-samples", "8", "--seq-len", "32", "-q"]
+            "--num-samples", "8", "--seq-len", "32", "-q", *extra]
 
 
 def _torchrun(args: list[str], nproc: int = 2, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -75,6 +90,28 @@ def test_two_processes_write_what_one_writes(src, tmp_path, scheme, method):
     assert all(a == b for a, b in tokens), tokens  # every rank's tokens counted once
 
 
+@pytest.mark.parametrize("scheme,method,extra", [
+    # a search budget of 3 of the 8 samples: the ranks keep the samples one process keeps
+    ("w4a16", "awq", ["--set", "quant.awq.search_tokens=96", "--set", "quant.kv_cache=fp8"]),
+    ("w8a8", "rtn", ["--set", "quant.smooth=true"]),
+])
+def test_searches_on_pooled_statistics_choose_what_one_process_chooses(src_outliers, tmp_path, scheme, method, extra):
+    """AWQ's alpha and clip searches (block errors summed over ranks, channel statistics and Gram blocks pooled,
+    the same held-out samples), SmoothQuant's migration search and the FP8 KV scales: the same checkpoint, bit
+    for bit, as no GPTQ Hessian's summation order is involved."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    p = _alone(_args(src_outliers, one, scheme, method, *extra))
+    assert p.returncode == 0, p.stderr[-2000:]
+    p = _torchrun(_args(src_outliers, two, scheme, method, *extra))
+    assert p.returncode == 0, p.stderr[-3000:]
+    ta, tb = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
+    assert ta.keys() == tb.keys()
+    assert all(torch.equal(ta[k], tb[k]) for k in ta), [k for k in ta if not torch.equal(ta[k], tb[k])][:5]
+    layers = json.loads((one / "quantkit.json").read_text())["layers"]
+    alphas = [v.get("awq_alpha", v.get("smooth_alpha")) for v in layers.values()]
+    assert any(a not in (None, 0.0) for a in alphas), alphas  # the searches chose scalings: they were tested
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -96,10 +133,11 @@ def test_two_nodes_meet_at_a_rendezvous(src, tmp_path):
 
 
 def test_a_method_that_does_not_pool_yet_is_refused_on_every_rank(src, tmp_path):
-    p = _torchrun(_args(src, tmp_path / "out", "w4a16", "awq"))
+    p = _torchrun(_args(src, tmp_path / "out", "w4a16", "signround"))
     assert p.returncode != 0
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
-    assert len(lines) == 2 and all("AWQ cannot run data-parallel" in ln for ln in lines), p.stderr[-2000:]
+    assert len(lines) == 2 and all("learned rounding cannot run data-parallel" in ln for ln in lines), \
+        p.stderr[-2000:]
     assert not (tmp_path / "out").exists()
 
 

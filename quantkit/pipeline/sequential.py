@@ -55,13 +55,10 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
 
 
 def _refuse_unpooled(plan: Plan) -> None:
-    """The layer transforms search on the captured inputs themselves; they do not pool across ranks yet."""
-    which = [name for name, on in (("AWQ", plan.awq is not None), ("SmoothQuant", plan.smooth is not None),
-                                   ("learned rounding", plan.signround is not None),
-                                   ("the FP8 KV cache", plan.kv_scheme is not None)) if on]
-    if which:
-        raise UserError(f"{' and '.join(which)} cannot run data-parallel yet ({distributed.world()} processes); "
-                        "with torchrun use --method gptq or rtn (FP8/INT8 schemes included), or run one process")
+    """Learned rounding descends on each rank's captured inputs; its steps do not pool across ranks yet."""
+    if plan.signround is not None:
+        raise UserError(f"learned rounding cannot run data-parallel yet ({distributed.world()} processes); with "
+                        "torchrun use --method gptq, awq, awq+gptq or rtn, or run one process")
 
 
 class _Solve:

@@ -187,6 +187,7 @@ class AWQTransform(LayerTransform):
         grams = {m: GramAccumulator(m.in_features, group_width(sch, m.in_features), m.weight.device)
                  for m, (_, _, sch) in todo.items()}
         capture.feed_group(layer, list(todo), inputs, lambda m, x: grams[m].add(x))
+        grams = {m: g.pooled() for m, g in grams.items()}
         held = held_out_grams(layer, todo, hold)
         for m, (_, full, sch) in todo.items():
             if grams[m].tokens == 0:  # an expert no calibration token reached keeps its full range

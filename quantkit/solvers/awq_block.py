@@ -9,6 +9,7 @@ import copy
 import torch
 from torch import nn
 
+from ..distributed import Pool
 from ..schemes import Scheme
 from .awq_maps import ScaleGroup
 from .rtn import rtn_quantize
@@ -53,7 +54,7 @@ class _GroupData:
 
     @property
     def x_mean(self) -> torch.Tensor:
-        return self.abs_sum / max(self.tokens, 1)
+        return (self.abs_sum / max(self.tokens, 1)).float()
 
 
 def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, inputs, budget: int) -> _GroupData:
@@ -68,7 +69,8 @@ def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, 
     def on_linear(_mod, args):
         x = args[0].detach()
         x = x.reshape(-1, x.shape[-1]).float()
-        s, m = x.abs().sum(0), x.abs().amax(0)
+        # summed in float64: the samples' order (one process, or ranks pooled) then leaves x_mean unchanged
+        s, m = x.abs().sum(0, dtype=torch.float64), x.abs().amax(0)
         data.abs_sum = s if data.abs_sum is None else data.abs_sum + s
         data.abs_max = m if data.abs_max is None else torch.maximum(data.abs_max, m)
         data.tokens += x.shape[0]
@@ -79,9 +81,13 @@ def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, 
                first_linear.register_forward_pre_hook(on_linear)]
     try:
         with torch.no_grad():
-            for h, kw in zip(inputs.hidden, inputs.kwargs):
+            for j, (h, kw) in enumerate(zip(inputs.hidden, inputs.kwargs)):
                 tokens = h.numel() // h.shape[-1]
-                keep = not data.calls or kept_tokens + tokens <= budget
+                if Pool.active():  # the samples one process would keep (calibration samples are equally long)
+                    g = Pool.index(j)
+                    keep = g == 0 or (g + 1) * tokens <= budget
+                else:
+                    keep = not data.calls or kept_tokens + tokens <= budget
                 if keep:
                     kept_tokens += tokens
                 try:
@@ -91,6 +97,19 @@ def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, 
     finally:
         for hd in handles:
             hd.remove()
+    return _pooled(data, first_linear)
+
+
+def _pooled(data: _GroupData, first: nn.Module) -> _GroupData:
+    """Every rank's channel statistics (a rank whose samples never reached the group contributes zeros)."""
+    if not Pool.active():
+        return data
+    width = first.weight.shape[-1]  # a router is not an nn.Linear: no in_features
+    device = data.abs_sum.device if data.abs_sum is not None else "cpu"
+    data.abs_sum = Pool.sum(data.abs_sum if data.abs_sum is not None
+                            else torch.zeros(width, device=device, dtype=torch.float64))
+    data.abs_max = Pool.max(data.abs_max if data.abs_max is not None else torch.zeros(width, device=device))
+    data.tokens = Pool.count(data.tokens)
     return data
 
 
@@ -109,9 +128,10 @@ def measured_copy(block, group: ScaleGroup, linears: dict, data: _GroupData, per
     originals = {n: m.weight.detach().float().clone() for n, m in copies.items()}
     refs = [_first(work(*a, **kw)) for a, kw in data.calls]
     powers = [r.double().pow(2).sum(-1, keepdim=True) for r in refs]
-    total = float(sum(p.sum() for p in powers))
+    # with several ranks each holds some of the kept samples: the weights are normalised over all of them
+    total = Pool.total(float(sum(p.sum() for p in powers)))
     if per_token:
-        tokens = sum(p.numel() for p in powers) or 1
+        tokens = Pool.count(sum(p.numel() for p in powers)) or 1
         # a token whose output is (near) zero would otherwise weigh without bound
         floor = max(total / tokens, 1e-30) * 1e-6
         weights = [1.0 / (p.clamp_min(floor) * tokens) for p in powers]
@@ -125,7 +145,7 @@ def block_error(work, data: _GroupData, refs: list, weights: list) -> float:
     total = 0.0
     for (a, kw), r, w in zip(data.calls, refs, weights):
         total += float(((_first(work(*a, **kw)).double() - r.double()).pow(2) * w).sum())
-    return total
+    return Pool.total(total)  # every rank then picks the same candidate
 
 
 def fake_quantize(w: torch.Tensor, scheme: Scheme, scale_dtype) -> torch.Tensor:

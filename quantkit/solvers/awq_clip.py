@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from ..distributed import Pool
 from ..schemes import Scheme
 from .awq_options import CLIP_PRIOR_TOKENS
 from .base import unit_rms
@@ -37,17 +38,28 @@ def decorrelation(tokens: int, prior: int = CLIP_PRIOR_TOKENS) -> float:
 
 
 class GramAccumulator:
-    """Block-diagonal X^T X of one Linear's inputs, one [gs, gs] block per group, in float32; every token
-    scaled to unit RMS first."""
+    """Block-diagonal X^T X of one Linear's inputs, one [gs, gs] block per group, read in float32; every token
+    scaled to unit RMS first. The blocks are summed in float64, so that the order the samples arrive in (one
+    process, or several ranks pooled) does not move the clip search's near-ties."""
 
     def __init__(self, in_features: int, gs: int, device):
         self.gs = gs
-        self.gram = torch.zeros(in_features // gs, gs, gs, device=device)
+        self.total = torch.zeros(in_features // gs, gs, gs, device=device, dtype=torch.float64)
         self.tokens = 0
 
+    @property
+    def gram(self) -> torch.Tensor:
+        return self.total.float()
+
+    def pooled(self) -> "GramAccumulator":
+        """Every rank's Gram blocks and tokens (distributed.Pool), as one process fed every sample would hold."""
+        Pool.sum(self.total)
+        self.tokens = Pool.count(self.tokens)
+        return self
+
     def add(self, x: torch.Tensor) -> None:
-        xg = unit_rms(x.reshape(-1, x.shape[-1]).float()).reshape(-1, self.gram.shape[0], self.gs)
-        self.gram += torch.einsum("ngi,ngj->gij", xg, xg)
+        xg = unit_rms(x.reshape(-1, x.shape[-1]).float()).reshape(-1, self.total.shape[0], self.gs)
+        self.total += torch.einsum("ngi,ngj->gij", xg, xg)
         self.tokens += xg.shape[0]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..distributed import Pool
 from ..pipeline import capture
 from .awq_block import _capture_group, quantised_error
 from .base import held_out_count
@@ -24,18 +25,20 @@ def split_holdout(inputs, fraction: float):
     """(search inputs, held-out inputs or None): the last round(n * fraction) samples, at least one when the
     fraction is positive, and never all of them."""
     n = len(inputs.hidden)
-    k = held_out_count(n, fraction)
+    n_all = Pool.count(n)  # with several ranks: the same samples one process holds out, wherever they are
+    k = held_out_count(n_all, fraction)
     if not k:
         return inputs, None
-    return (capture.LayerInputs(inputs.hidden[:n - k], inputs.kwargs[:n - k]),
-            capture.LayerInputs(inputs.hidden[n - k:], inputs.kwargs[n - k:]))
+    cut = sum(1 for j in range(n) if Pool.index(j) < n_all - k)
+    return (capture.LayerInputs(inputs.hidden[:cut], inputs.kwargs[:cut]),
+            capture.LayerInputs(inputs.hidden[cut:], inputs.kwargs[cut:]))
 
 
 @torch.no_grad()
 def scale_guard(layer, block, group, linears: dict, quantised: dict, hold, s: torch.Tensor, scale_dtype):
     """None when scale s does at least as well as s = 1 on the held-out samples, else why it was dropped."""
     data = _capture_group(layer, block, linears[group.linears[0]], hold, _ALL)
-    if not data.calls or data.tokens == 0:
+    if data.tokens == 0:  # pooled: a rank may hold none of the held-out samples while others do
         return None  # nothing held out reaches this group (an expert): nothing to judge by
     error, _ = quantised_error(block, group, linears, quantised, data, scale_dtype)
     chosen, plain = error(s), error(torch.ones_like(s))
@@ -51,7 +54,7 @@ def held_out_grams(layer, todo: dict, hold) -> dict:
     grams = {m: GramAccumulator(m.in_features, group_width(sch, m.in_features), m.weight.device)
              for m, (_, _, sch) in todo.items()}
     capture.feed_group(layer, list(todo), hold, lambda m, x: grams[m].add(x))
-    return grams
+    return {m: g.pooled() for m, g in grams.items()}
 
 
 @torch.no_grad()

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import Cache, DynamicLayer
 
+from ..distributed import Pool
 from ..errors import UserError
 from .base import LayerTransform
 from .fp8_input_scale import InputScale
@@ -107,6 +108,8 @@ class KVScaleObserver(LayerTransform):
                 kw = {k: v for k, v in kw.items() if k not in ("cache", "past_key_values", "past_key_value")}
                 layer(h, **kw, **{kw_name: rec, "use_cache": True})
         k_stats, v_stats = rec.stats(attn.layer_idx)
+        k_stats.reduce(Pool)  # every rank's keys and values (a no-op in one process)
+        v_stats.reduce(Pool)
         prefix = f"{self.layers_name}.{layer_index}.{attn_name}"
         tensors = kv_scale_tensors(prefix, k_stats, v_stats, self.dtype, self.margin)
         return {"stats": {}, "tensors": tensors}
