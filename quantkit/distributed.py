@@ -11,6 +11,7 @@ A single process (no WORLD_SIZE, or 1) never touches torch.distributed: every he
 """
 from __future__ import annotations
 
+import io
 import os
 import signal
 from contextlib import contextmanager
@@ -124,9 +125,14 @@ def broadcast(obj, src: int):
     """OBJ from rank SRC on every rank (pickled; tensors travel on the CPU)."""
     if not active():
         return obj
-    box = [obj if rank() == src else None]
+    payload = None
+    if rank() == src:  # torch.save's format: plain pickling of float8 tensors does not load back (torch 2.13)
+        buf = io.BytesIO()
+        torch.save(obj, buf)
+        payload = buf.getvalue()
+    box = [payload]
     dist.broadcast_object_list(box, src=src)
-    return box[0]
+    return torch.load(io.BytesIO(box[0]), weights_only=False)
 
 
 def agree(ok: bool) -> bool:
@@ -141,7 +147,9 @@ def agree(ok: bool) -> bool:
 
 @contextmanager
 def peer_failures():
-    """A collective that fails because another rank stopped becomes one line (torchrun names that rank)."""
+    """A collective that fails because another rank stopped becomes one line (torchrun names that rank); the
+    process group is left on every way out, so no transport thread outlives it and aborts the process before
+    its message is printed."""
     try:
         yield
     except RuntimeError as e:
@@ -150,6 +158,9 @@ def peer_failures():
             raise
         raise UserError(f"process {rank()} of {world()}: another process of this run stopped "
                         f"({str(e).splitlines()[0][:200]}); nothing was written to the output folder") from None
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def barrier() -> None:

@@ -189,7 +189,7 @@ def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, 
 
 def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
     experts = stages.expert_linears(layer)
-    for stage in stages.stages(capture.linear_groups(layer, names, inputs), names):
+    for stage in stages.stages(_groups(layer, names, inputs), names):
         solvers = {m: solve.make(names[m]) for m in stage}
         fed = dict.fromkeys(stage, 0)
         if any(s.needs_data for s in solvers.values()):
@@ -224,6 +224,16 @@ def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
                 s = _expert_solver(m, s, fed[m], experts[m], names[m], solve)
             jobs.append((names[m], s))
         solve.all(jobs)
+
+
+def _groups(layer, names: dict, inputs) -> list[list]:
+    """The layer's Linears grouped by shared input, found by running its first sample; with several ranks,
+    rank 0's (each rank's first sample routes to other experts, and every rank must solve in one order)."""
+    groups = capture.linear_groups(layer, names, inputs)
+    if not distributed.active():
+        return groups
+    by_name = {n: m for m, n in names.items()}
+    return [[by_name[n] for n in g] for g in distributed.broadcast([[names[m] for m in g] for g in groups], 0)]
 
 
 def _expert_solver(mod, solver: LinearSolver, tokens: int, owner, name: str, solve: _Solve) -> LinearSolver:
