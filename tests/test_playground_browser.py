@@ -230,9 +230,9 @@ def test_chat_with_system_prompt_keeps_history(browser, server, tok):
 def test_stop_button_ends_the_stream_and_frees_the_server(browser, server, models):
     _, served, base = models
     gate = threading.Event()
-    # Slow every forward so the answer is still streaming when Stop is clicked.
-    hooks = [m.register_forward_pre_hook(lambda *_: time.sleep(0.03) if not gate.is_set() else None)
-             for m in (served, base)]
+    # Every forward waits 0.3 s (until the test ends) so the answer is still streaming when Stop is clicked,
+    # however slowly a loaded machine drives the browser: 400 tokens then take over 40 s.
+    hooks = [m.register_forward_pre_hook(lambda *_: gate.wait(0.3) and None) for m in (served, base)]
     try:
         page, errors = _open(browser, server.url)
         page.check("#mode-completion")
