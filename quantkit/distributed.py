@@ -73,27 +73,33 @@ def global_index(local: int) -> int:
     return local * world() + rank()
 
 
+def _all_reduce(t: torch.Tensor, op) -> torch.Tensor:
+    if active():
+        dist.all_reduce(t, op=op)
+    return t
+
+
 class Pool:
     """The reductions a solver's statistics need, in place, across every rank."""
 
     @staticmethod
     def sum(t: torch.Tensor) -> torch.Tensor:
-        if active():
-            dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        return t
+        return _all_reduce(t, dist.ReduceOp.SUM)
+
+    @staticmethod
+    def max(t: torch.Tensor) -> torch.Tensor:
+        return _all_reduce(t, dist.ReduceOp.MAX)
 
     @staticmethod
     def total(x: float) -> float:
-        """A float summed over every rank (an error measured on each rank's own samples)."""
+        """A number summed over every rank (an error or a count measured on each rank's own samples)."""
         if not active():
             return x
         return float(Pool.sum(torch.tensor([x], dtype=torch.float64, device=_device())).item())
 
     @staticmethod
-    def max(t: torch.Tensor) -> torch.Tensor:
-        if active():
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t
+    def count(n: int) -> int:
+        return int(Pool.total(n))
 
     @staticmethod
     def active() -> bool:
@@ -102,12 +108,6 @@ class Pool:
     @staticmethod
     def index(local: int) -> int:
         return global_index(local)
-
-    @staticmethod
-    def count(n: int) -> int:
-        if not active():
-            return n
-        return int(Pool.sum(torch.tensor([n], dtype=torch.float64, device=_device())).item())
 
 
 def owners(costs: list[float]) -> list[int]:
