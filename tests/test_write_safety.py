@@ -87,6 +87,8 @@ def test_new_checkpoint_follows_the_umask(tmp_path, src, cli, umask, mode):
     finally:
         os.umask(old)
     assert os.stat(tmp_path / "out").st_mode & 0o777 == mode
+    files = {f.name: f.stat().st_mode & 0o777 for f in (tmp_path / "out").iterdir()}
+    assert "model.safetensors" in files and set(files.values()) == {mode & 0o666}, files
 
 
 def test_empty_output_folder_is_used(tmp_path, src, cli):

@@ -72,12 +72,25 @@ def _check_writable(parent: Path) -> None:
         raise UserError(f"cannot write in '{parent}' ({e.strerror}); choose a writable -o path") from None
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _folder_mode(out: Path) -> int:
     if out.is_dir():
         return out.stat().st_mode & 0o7777
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o777 & ~mask
+    return 0o777 & ~_umask()
+
+
+def _open_files(tmp: Path) -> None:
+    """Give every file the mode the user's umask gives a new file: safetensors writes its files 0600, which
+    left a checkpoint that the serving account, a shared cache or a container user could not read."""
+    mode = 0o666 & ~_umask()
+    for f in tmp.rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            os.chmod(f, mode)
 
 
 class OutputClaim:
@@ -159,6 +172,7 @@ class OutputClaim:
         self._still_as_claimed()
         # mkdtemp made TMP 0700: give it OUT's own mode, or what the user's umask gives a new folder; only now,
         # as a read-only mode copied from OUT would have stopped the writing
+        _open_files(tmp)
         os.chmod(tmp, _folder_mode(self.out))
         old = None
         if self.state != "absent":
