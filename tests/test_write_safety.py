@@ -273,3 +273,45 @@ def test_recipe_types_are_not_coerced(yaml_text, field):
     with pytest.raises(RecipeError) as e:
         parse_recipe(yaml_text, "r.yaml")
     assert field in str(e.value) and "r.yaml:" in str(e.value)
+
+
+def _quantize(cli, src, out, *extra):
+    return cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "32", "--quiet", *extra)
+
+
+@pytest.mark.parametrize("atomic_swap", [True, False])
+def test_overwrite_swaps_in_one_step_or_two_and_leaves_nothing(tmp_path, src, cli, monkeypatch, atomic_swap):
+    """Where the file system swaps two folders atomically OUT is never missing; where it cannot, the two-rename
+    fallback must still leave exactly one checkpoint and no leftovers."""
+    import quantkit.formats.output as output
+
+    out = tmp_path / "out"
+    assert _quantize(cli, src, out)[0] == 0
+    if not atomic_swap:
+        monkeypatch.setattr(output, "_exchange", lambda a, b: False)
+    assert _quantize(cli, src, out, "--group-size", "64", "--overwrite")[0] == 0
+    assert json.loads((out / "quantkit.json").read_text())["recipe"]["quant"]["group_size"] == 64
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "out"]
+
+
+def test_a_run_killed_between_the_two_renames_loses_nothing(tmp_path, src, cli):
+    """The fallback swap renames OUT to .OUT.old-PID, then the new one to OUT. Killed in between, OUT is missing
+    and the previous checkpoint sits in .OUT.old-PID: the next run puts it back before anything else, so a run
+    without --overwrite refuses (as it would have) and the user's checkpoint is where they left it."""
+    out = tmp_path / "out"
+    assert _quantize(cli, src, out)[0] == 0
+    before = tree_hash(out)
+    os.rename(out, tmp_path / ".out.old-4242")
+    code, _, err = _quantize(cli, src, out)
+    _one_line_error(code, err, "--overwrite")
+    assert tree_hash(out) == before and not (tmp_path / ".out.old-4242").exists()
+
+
+def test_a_run_killed_after_the_swap_leaves_the_old_copy_for_the_next_to_drop(tmp_path, src, cli):
+    out = tmp_path / "out"
+    assert _quantize(cli, src, out)[0] == 0
+    (tmp_path / ".out.old-4242").mkdir()
+    (tmp_path / ".out.old-4242" / "model.safetensors").write_bytes(b"old")
+    (tmp_path / ".out.old-x").mkdir()  # not a name quantkit writes: kept
+    assert _quantize(cli, src, out, "--overwrite")[0] == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.old-x", "models", "out"]

@@ -130,8 +130,28 @@ class OutputClaim:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
+        try:
+            self._recover_replaced()
+        except BaseException:
+            self.__exit__()
+            raise
         self._remove_stale_partials()
         return self
+
+    def _recover_replaced(self) -> None:
+        """A run killed inside commit's fallback swap leaves the previous OUT at `.OUT.old-PID`: put it back when
+        OUT is missing (the new one never arrived), drop it when OUT is there (the swap had finished). We hold the
+        lock, so its writer is dead; only folders with exactly that name are touched."""
+        pattern = re.compile(rf"\.{re.escape(self.out.name)}\.old-[0-9]+")
+        for entry in sorted(os.scandir(self.out.parent), key=lambda e: e.name):
+            if not (pattern.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)):
+                continue
+            if os.path.lexists(self.out):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.rename(entry.path, self.out)
+                self.state = _check_existing(self.out, self.overwrite)
+                self._inode = self.out.stat().st_ino
 
     def _remove_stale_partials(self) -> None:
         """Remove `.OUT.partial-XXXXXXXX` folders a killed run left: only a run holding OUT's lock writes one, and
@@ -176,6 +196,9 @@ class OutputClaim:
         os.chmod(tmp, _folder_mode(self.out))
         old = None
         if self.state != "absent":
+            if _exchange(tmp, self.out):  # one atomic step: OUT is never missing, TMP now holds the old one
+                shutil.rmtree(tmp, ignore_errors=True)
+                return self.out
             old = self.out.parent / f".{self.out.name}.old-{os.getpid()}"
             os.rename(self.out, old)
         try:
@@ -189,29 +212,42 @@ class OutputClaim:
         return self.out
 
 
-_RENAME_NOREPLACE = 1
+_RENAME_NOREPLACE, _RENAME_EXCHANGE = 1, 2
 
 
 def _appeared(dst: Path) -> UserError:
     return UserError(f"'{dst}' appeared while quantising; nothing was replaced, choose another -o path")
 
 
+def _renameat2(src: Path, dst: Path, flag: int) -> int | None:
+    """0 on success, else errno; None where libc has no renameat2."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    at_fdcwd = -100
+    return 0 if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), flag) == 0 else ctypes.get_errno()
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically; False where the file system cannot (the caller then renames in two steps)."""
+    err = _renameat2(a, b, _RENAME_EXCHANGE)
+    if err in (None, errno.EINVAL, errno.ENOSYS):
+        return False
+    if err:
+        raise OSError(err, os.strerror(err), str(b))
+    return True
+
+
 def _rename_noreplace(src: Path, dst: Path) -> None:
     """rename(2) that fails if DST exists (an empty folder included, which plain rename would replace)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        renameat2 = None
-    if renameat2 is not None:
-        at_fdcwd = -100
-        if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
-            return
-        err = ctypes.get_errno()
-        if err not in (errno.EINVAL, errno.ENOSYS):  # EINVAL/ENOSYS: the file system lacks the flag
-            if err == errno.EEXIST:
-                raise _appeared(dst)
-            raise OSError(err, os.strerror(err), str(dst))
+    err = _renameat2(src, dst, _RENAME_NOREPLACE)
+    if err == 0:
+        return
+    if err == errno.EEXIST:
+        raise _appeared(dst)
+    if err not in (None, errno.EINVAL, errno.ENOSYS):  # EINVAL/ENOSYS: the file system lacks the flag
+        raise OSError(err, os.strerror(err), str(dst))
     if dst.exists():
         raise _appeared(dst)
     os.rename(src, dst)
