@@ -6,9 +6,14 @@ float weights of the layer's quantised Linears back into meta tensors (their cod
 tensors such as norms and biases stay, because AWQ folds its scales into them and the writer saves them.
 Peak memory is therefore about one layer plus the calibration activations, the head, and the codes.
 
+Mixture-of-experts layers stream too: the skeleton's fused experts are split into one meta Linear per expert
+projection up front (models/moe.py), so the plan sees every expert, and each expert weight is read from the
+checkpoint's per-expert key (Mixtral's `block_sparse_moe.experts.{e}.w1`, formats/moe_names.py) or, when the
+checkpoint stores the experts fused, as its rows of the fused tensor.
+
 `open_lazy` returns None whenever the checkpoint cannot be mapped onto the model one key per state-dict entry
-(not safetensors, renamed or fused keys that transformers converts on load); the caller then loads the whole
-model the ordinary way. A shape that does not match config.json is an error (shape_check.py), not a fallback.
+(not safetensors, renamed keys that transformers converts on load); the caller then loads the whole model the
+ordinary way. A shape that does not match config.json is an error (shape_check.py), not a fallback.
 """
 from __future__ import annotations
 
@@ -20,9 +25,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..errors import UserError
+from ..formats.moe_names import from_checkpoint
 from .hf import (check_linear_projections, decoder_layers, load_error, load_tokenizer, meta_model, read_config,
                  resolve_dtype, resolve_model_dir)
-from .shape_check import check_weights_match
+from .moe import fused_sources, unfuse_experts
+from .shape_check import check_weights_match, safetensors_shapes
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -54,6 +62,7 @@ class LazyWeights:
         self.model = model
         self.files = files
         self.sources = sources  # state-dict key -> checkpoint key (the same name; tied aliases share one)
+        self.slices: dict[str, tuple] = {}  # state-dict key -> its index into a fused checkpoint tensor
         self.layers_name, self.layers = decoder_layers(model)
         # every (module, attribute) a tensor is reachable under, so tied weights stay one Parameter
         self.slots: dict[str, list[tuple[nn.Module, str]]] = {}
@@ -94,7 +103,9 @@ class LazyWeights:
             try:
                 with safe_open(path, framework="pt") as f:
                     for k in ks:
-                        self._set(k, f.get_tensor(self.sources[k]))
+                        index = self.slices.get(k)
+                        self._set(k, f.get_tensor(self.sources[k]) if index is None
+                                  else f.get_slice(self.sources[k])[index])
             except Exception as e:
                 raise load_error(path.parent, e) from None
 
@@ -133,20 +144,40 @@ def meta_tensors(model: nn.Module) -> list[str]:
     return [k for k, v in model.state_dict().items() if v.is_meta]
 
 
-def _source_keys(model: nn.Module, ckpt_keys, aliases: dict[str, list[str]]) -> dict[str, str] | None:
-    """{state-dict key: checkpoint key}, or None when the names do not line up one to one."""
-    ckpt = set(ckpt_keys)
-    if not ckpt <= set(aliases):  # a key the model lacks: transformers would rename or convert it on load
-        return None
-    sources = {}
+def _source_keys(model: nn.Module, ckpt_keys, aliases: dict[str, list[str]], model_type: str | None):
+    """({state-dict key: checkpoint key}, {state-dict key: index into a fused tensor}), or None when the names do
+    not line up one to one. Checkpoint keys are read in the module tree's names (Mixtral's block_sparse_moe is
+    mlp there); an expert Linear the checkpoint does not store on its own is read from its fused tensor."""
+    named = {from_checkpoint(model_type, k): k for k in ckpt_keys}
+    fused = fused_sources(model)
+    if not set(named) - {f for f, _ in fused.values()} <= set(aliases):
+        return None  # a key the model lacks: transformers would rename or convert it on load
+    sources, slices = {}, {}
     for key, t in model.state_dict().items():
         # a tied alias (lm_head.weight of a tied head) is filled from its partner's checkpoint entry
-        found = next((a for a in [key, *aliases[key]] if a in ckpt), None)
+        found = next((a for a in [key, *aliases[key]] if a in named), None)
         if found is not None:
-            sources[key] = found
+            sources[key] = named[found]
+        elif key in fused and fused[key][0] in named:
+            sources[key], slices[key] = named[fused[key][0]], fused[key][1]
         elif t.is_meta:
             return None  # a weight the checkpoint lacks: leave it to from_pretrained
-    return sources
+    return sources, slices
+
+
+def _check_expert_shapes(src: Path, model: nn.Module, weights: "LazyWeights") -> None:
+    """check_weights_match compared the tensors the fused skeleton shares with the checkpoint by name; the expert
+    Linears split off it (and keys renamed for them) are compared here, once their checkpoint keys are known."""
+    keys = [k for k, c in weights.sources.items() if k not in weights.slices and (k != c or ".experts." in k)]
+    if not keys:
+        return
+    shapes, state = safetensors_shapes(src) or {}, model.state_dict()
+    wrong = [k for k in keys if shapes.get(weights.sources[k]) != tuple(state[k].shape)]
+    if wrong:
+        key = weights.sources[wrong[0]]
+        raise UserError(f"config.json in '{src}' does not match its weights: {key} is {list(shapes[key])} in the "
+                        f"safetensors files but the config makes it {list(state[wrong[0]].shape)}; fix config.json "
+                        "or re-save the model with save_pretrained")
 
 
 def open_lazy(model: str | None, dtype: str = "auto"):
@@ -161,14 +192,15 @@ def open_lazy(model: str | None, dtype: str = "auto"):
     m = meta_model(config, resolve_dtype(dtype, config))
     check_weights_match(src, m)
     check_linear_projections(m)
+    unfuse_experts(m)  # one meta Linear per expert projection, read per layer like any other
     weights = LazyWeights(m, files, {})
-    sources = _source_keys(m, files, weights.aliases)
-    if sources is None:
+    found = _source_keys(m, files, weights.aliases, getattr(config, "model_type", None))
+    if found is None:
         return None
-    # shapes need no second look: check_weights_match refused any tensor whose shape differs from the model's
-    weights.sources = sources
+    weights.sources, weights.slices = found
+    _check_expert_shapes(src, m, weights)
     in_layers = f"{weights.layers_name}."
-    weights.materialise([k for k in sources if not k.startswith(in_layers)])
+    weights.materialise([k for k in weights.sources if not k.startswith(in_layers)])
     try:  # from_pretrained reads generation_config.json too; the writer copies it
         m.generation_config = GenerationConfig.from_pretrained(src)
     except Exception:

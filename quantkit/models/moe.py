@@ -79,19 +79,39 @@ def unfusable(mod: nn.Module) -> bool:
         getattr(mod, k, v) == v for k, v in _SUPPORTED_FLAGS.items())
 
 
+def _pieces(e: int, inter: int, names: ExpertNames):
+    """(projection, fused parameter, index) of expert E: where its weight lies in the fused layout."""
+    return ((names.gate, "gate_up_proj", (e, slice(0, inter))), (names.up, "gate_up_proj", (e, slice(inter, None))),
+            (names.down, "down_proj", (e,)))
+
+
 def split(mod: nn.Module, names: ExpertNames) -> UnfusedExperts:
     """The experts of a fused module as Linears holding the same values (on the meta device when it is)."""
-    gu, down = mod.gate_up_proj, mod.down_proj
+    gu = mod.gate_up_proj
     num, two_inter, hidden = gu.shape
     inter = two_inter // 2
     experts = []
     for e in range(num):
         ex = ExpertMLP(hidden, inter, mod.act_fn, names, dtype=gu.dtype, device="meta")
         if not gu.is_meta:
-            for attr, w in ((names.gate, gu[e, :inter]), (names.up, gu[e, inter:]), (names.down, down[e])):
+            for attr, fused, index in _pieces(e, inter, names):
+                w = getattr(mod, fused)[index]
                 getattr(ex, attr).weight = nn.Parameter(w.detach().clone(), requires_grad=False)
         experts.append(ex)
     return UnfusedExperts(experts)
+
+
+def fused_sources(model: nn.Module) -> dict[str, tuple[str, tuple]]:
+    """{an expert Linear's weight key: (the fused parameter's key, the index of its rows)} for every split experts
+    module: what a lazy load reads when the checkpoint stores the experts fused (models/lazy.py)."""
+    out = {}
+    for name, mod in experts_modules(model).items():
+        names = mod[0].names
+        inter = getattr(mod[0], names.gate).out_features
+        for e in range(len(mod)):
+            for attr, fused, index in _pieces(e, inter, names):
+                out[f"{name}.{e}.{attr}.weight"] = (f"{name}.{fused}", index)
+    return out
 
 
 def unfuse_experts(model: nn.Module) -> list[str]:
