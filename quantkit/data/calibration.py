@@ -15,6 +15,10 @@ from .tokens import Encoder, sha256_of
 
 CUTS = ("chunk", "document")
 _BATCH = 64  # rows tokenised per call: big enough for the fast tokenizer's batching, small enough to stop early
+CHARS_PER_TOKEN_MAX = 32  # byte-level BPE vocabularies average 3-5 characters a token on prose and code
+# a continuous text up to 64 characters per needed token (16x the tokens at ~4 a token) is tokenised whole, so
+# chunks are picked among all of its tokens; past that, from windows (`_windows`), so time does not grow with it
+WHOLE_TEXT_CHARS_PER_TOKEN = 64
 
 
 @dataclass
@@ -54,9 +58,32 @@ def _rendered_batches(corpus: Corpus, enc: Encoder, order):
         yield [(r, t) for r in rows if (t := enc.render(r))]
 
 
+def _capped(text: str, tokens: int) -> str:
+    """TEXT cut where it can no longer add to its first TOKENS tokens, so a 50 MB one-line document costs what
+    its used part costs. No vocabulary averages CHARS_PER_TOKEN_MAX characters a token, so the cut text still
+    holds TOKENS tokens whenever the whole did."""
+    return text[:tokens * CHARS_PER_TOKEN_MAX]
+
+
+def _windows(text: str, enc: Encoder, body: int, num_samples: int, seed: int) -> list[list[int]] | None:
+    """num_samples chunks of BODY tokens from windows at random places of a text too long to tokenise whole
+    (the seed still picks from all of it); None when a window held too few tokens."""
+    width = (body + 1) * CHARS_PER_TOKEN_MAX
+    if len(text) <= width:
+        return None
+    starts = sorted(random.Random(seed).sample(range(len(text) - width), num_samples))
+    ids = [w[1:body + 1] for w in enc.encode([text[s:s + width] for s in starts])]  # w[0] may be half a word
+    return ids if all(len(w) == body for w in ids) else None
+
+
 def chunk_continuous(corpus: Corpus, enc: Encoder, body: int, num_samples: int, seed: int) -> list[list[int]]:
     texts = [t for batch in _rendered_batches(corpus, enc, range(len(corpus.rows))) for _, t in batch]
-    ids = enc.encode([corpus.separator.join(texts)])[0] if texts else []
+    text = corpus.separator.join(texts)
+    if len(text) > num_samples * body * WHOLE_TEXT_CHARS_PER_TOKEN:  # tokenising all of it would take minutes
+        picked = _windows(text, enc, body, num_samples, seed)
+        if picked is not None:
+            return picked
+    ids = enc.encode([text])[0] if texts else []
     n_chunks = len(ids) // body
     if n_chunks < num_samples:
         raise _too_little(corpus, len(ids), num_samples * body, f"{num_samples} samples of {body} text tokens",
@@ -70,7 +97,7 @@ def chunk_documents(corpus: Corpus, enc: Encoder, body: int, num_samples: int, s
     need = num_samples * body
     stream: list[int] = []
     for batch in _rendered_batches(corpus, enc, _shuffled(len(corpus.rows), seed)):
-        for ids in enc.encode([t for _, t in batch]):
+        for ids in enc.encode([_capped(t, need) for _, t in batch]):
             stream += ids + enc.doc_separator
         if len(stream) >= need:
             break
@@ -85,7 +112,7 @@ def by_document(corpus: Corpus, enc: Encoder, seq_len: int, num_samples: int, mi
     kept: list[list[int]] = []
     found = 0
     for batch in _rendered_batches(corpus, enc, _shuffled(len(corpus.rows), seed)):
-        for (row, _), ids in zip(batch, enc.encode([t for _, t in batch])):
+        for (row, _), ids in zip(batch, enc.encode([_capped(t, seq_len) for _, t in batch])):
             ids = ids if isinstance(row, list) else enc.prefix + ids
             if len(ids) >= min_tokens:
                 kept.append(ids[:seq_len])
