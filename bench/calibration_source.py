@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
+from pathlib import Path
 import sys
 import time
 
@@ -22,20 +22,12 @@ import torch
 
 from quantkit.shipped import shipped_dir
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from quality_common import perplexity  # noqa: E402
+
 TEXTS = shipped_dir("calibration") / "texts"
 SOURCES = {"self": "self", "local prose": str(TEXTS / "prose_calib.txt"), "code (mismatched)":
            str(TEXTS / "code_calib.txt")}
-
-
-@torch.no_grad()
-def perplexity(model, windows: list[torch.Tensor], batch: int = 4) -> float:
-    nll, count = 0.0, 0
-    for i in range(0, len(windows), batch):
-        ids = torch.stack(windows[i:i + batch])
-        logp = torch.log_softmax(model(input_ids=ids, use_cache=False).logits[:, :-1].float(), -1)
-        nll -= float(logp.gather(-1, ids[:, 1:, None]).sum())
-        count += ids[:, 1:].numel()
-    return math.exp(nll / count)
 
 
 def ngrams(samples: list[torch.Tensor], n: int) -> set[tuple]:

@@ -1,16 +1,21 @@
-"""What every quality-benchmark worker shares, ours or another library's: loading the model, perplexity, peak RSS.
+"""What the older quality scripts share: opening the float model, perplexity, peak RSS.
 
-Imports nothing from quantkit, so a worker running in another library's virtual environment can use it too and
-every row is scored by the same code on the same tokens.
+The model is opened by `quantkit.load` (the checkpoint's own modules, float32: the baseline carries no float16
+rounding, and solvers quantise those modules in place) and scored by bench/score.py, quantkit's own perplexity,
+like every `python -m bench` suite. A worker run by another library's virtual environment (llm-compressor)
+imports quantkit from this checkout, so that environment needs quantkit's few dependencies (pydantic, PyYAML).
 """
 from __future__ import annotations
 
 import json
-import math
 import resource
 import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.score import score  # noqa: E402,F401
 
 
 def peak_rss_mb() -> float:
@@ -38,42 +43,13 @@ def reset_peak_rss() -> bool:
 
 
 def load_model(path: str):
-    from transformers import AutoModelForCausalLM
+    import quantkit
 
-    # float32 on CPU: float16 matmuls are slow there, and the baseline should not carry fp16 rounding
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
-    return model
+    return quantkit.load(path, exact=True, dtype=torch.float32)
 
 
-@torch.no_grad()
-def score(model, windows: list[torch.Tensor], ref_top1: torch.Tensor | None = None, batch: int = 4) -> dict:
-    """Perplexity, and agreement with a reference model's greedy tokens when ref_top1 is given.
-
-    Perplexity is exp(mean next-token NLL) over every predicted token of the equal-length, non-overlapping
-    windows. Agreement is teacher-forced: at each position of the same windows, does this model's argmax equal
-    the reference's (ref_top1, as returned here under "top1")? Teacher forcing keeps every position scored on the
-    same prefix, so one early divergence does not decide the rest of a window.
-    """
-    nll, count, same = 0.0, 0, 0
-    tops = []
-    for i in range(0, len(windows), batch):
-        ids = torch.stack(windows[i:i + batch])
-        logits = model(input_ids=ids, use_cache=False).logits.float()
-        lp = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None])
-        nll -= float(lp.sum())
-        count += lp.numel()
-        top = logits.argmax(-1)
-        tops.append(top)
-        if ref_top1 is not None:
-            same += int((top == ref_top1[i:i + batch]).sum())
-    top1 = torch.cat(tops)
-    return {"ppl": math.exp(nll / count), "top1": top1,
-            "agreement": None if ref_top1 is None else same / top1.numel()}
-
-
-def perplexity(model, windows: list[torch.Tensor], batch: int = 4) -> float:
-    return score(model, windows, batch=batch)["ppl"]
+def perplexity(model, windows: list[torch.Tensor]) -> float:
+    return score(model, windows)["ppl"]
 
 
 def write_result(path: str, result: dict) -> None:

@@ -6,7 +6,7 @@
 
 Every row uses the same calibration tokens (bench/out/signround/calib_tokens.pt, read by both libraries; the first run
 makes them from --calib: 32 x 256 tokens sampled from the model itself, or cut from a local text file, seed 0) and the same evaluation windows
-(bench/data/eval_prose.txt, 16 x 512 tokens) scored by quality_common.perplexity. quantkit rows are quantised
+(bench/data/eval_prose.txt, 16 x 512 tokens) scored by bench/score.py (quantkit's perplexity). quantkit rows are quantised
 in memory (their checkpoints compute the same logits: tests/test_signround.py); the AutoRound row runs
 bench/signround_autoround_worker.py in AutoRound's own venv (.venv-autoround: `python3 -m venv .venv-autoround
 && .venv-autoround/bin/pip install torch==2.13.0 auto-round`) and its checkpoint is loaded here through
@@ -77,7 +77,11 @@ def autoround_row(a, model_path: str, tokens: Path) -> tuple:
     if p.returncode:
         raise SystemExit(f"AutoRound worker failed:\n{p.stderr[-3000:]}")
     info = json.loads(p.stdout.strip().splitlines()[-1])
-    return load_model(str(out)), info
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    # AutoRound's own export format, which transformers reads (quantkit.load opens compressed-tensors)
+    return AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval(), info
 
 
 def table(rows: dict) -> str:

@@ -1,7 +1,7 @@
 """vLLM is the acceptance test: every checkpoint option quantkit writes, loaded and scored by vLLM's CPU build.
 
 The gated cases (interop.GATED) cover every distinct layout; the few cases that repeat one (another solver or
-serving dtype over the same tensors and config) are scored only by bench/vllm_interop.py's full table.
+serving dtype over the same tensors and config) are scored only by `python -m bench interop`'s full table.
 
 vLLM runs in its own venv (bench/vllm_env.sh makes it when QUANTKIT_VLLM_PYTHON does not name one; the README's
 test command makes it first). For each case of quantkit/evaluate/interop.py the embedded SmolLM2-135M is
