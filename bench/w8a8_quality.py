@@ -33,7 +33,7 @@ ROWS: dict[str, dict | None] = {
     "w8a8 + smooth RTN": {"scheme": "w8a8", "smooth": True},
     "w8a8 + smooth GPTQ": {"scheme": "w8a8", "smooth": True, "method": "gptq"},
     "w8a8-static + smooth GPTQ": {"scheme": "w8a8-static", "smooth": True, "method": "gptq"},
-    "w8a8 + smooth 0.5 RTN (fixed alpha)": {"scheme": "w8a8", "smooth": True, "smooth_alpha": 0.5},
+    "w8a8 + smooth 0.5 RTN (fixed alpha)": {"scheme": "w8a8", "smooth": True, "smoothquant": {"alpha": 0.5}},
 }
 
 

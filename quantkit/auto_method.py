@@ -21,7 +21,7 @@ GPTQ_MIN_TOKENS = 32768
 def choose_method(config, scheme_name: str, target_schemes: list[str], bits: float | None = None,
                   calib_tokens: int = GPTQ_MIN_TOKENS) -> tuple[str, str]:
     """(method, why) for `auto` on a model with CONFIG; why is the one line quantkit.json and the CLI show.
-    bits: the recipe's bit budget, which spends 3, 4 and 8-bit integer widths (plan.apply_bit_budget);
+    bits: the recipe's bit budget, which spends 3, 4 and 8-bit integer widths (plan._bit_budget);
     calib_tokens: calibration samples x tokens per sample."""
     from .solvers.awq_maps import map_for
 

@@ -12,7 +12,7 @@ import torch
 
 from . import distributed
 from .errors import UserError
-from .plan import Plan, apply_bit_budget, build_plan
+from .plan import Plan, build_plan
 from .recipe import Recipe
 from .schemes import get_scheme
 
@@ -58,20 +58,23 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
     # SmolLM2), so the model computes in float32 there; the checkpoint is still written in the storage dtype.
     compute = "float32" if recipe.device == "cpu" else recipe.dtype
     opened = open_lazy(str(folder), compute) if lazy else None
+    plan = None
     if opened is not None and any(unfusable(m) for m in opened[0].modules()):
         opened = None  # fused experts are split into Linears on a loaded model (models/moe.py)
     if opened is not None:
         model, tok, src, weights = opened
-        plan = build_plan(model, recipe, storage)
+        plan = build_plan(model, recipe, storage, _weight_reader(model, weights))
         if plan.needs_data and tok is None:  # before a whole-model reload for sampling, not after
-            raise _no_tokenizer(src, recipe)
+            raise _no_tokenizer(src, plan.recipe)
         self_calib = (recipe.calibration.spec or "self") == "self"
         if not (self_calib and plan.needs_data):
             return model, tok, src, weights, plan
         del model, weights, opened  # self-generated calibration samples text from the whole model
     model, tok, src = load_float_model(str(folder), compute, recipe.device)
     unfuse_experts(model)
-    return model, tok, src, None, build_plan(model, recipe, storage)
+    # the lazy model's plan holds for the whole one (the same Linears: both split fused experts with
+    # unfuse_experts), so a bit budget's weights are not read twice
+    return model, tok, src, None, plan or build_plan(model, recipe, storage)
 
 
 def _weight_reader(model, weights):
@@ -108,18 +111,13 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     from .formats.writer import write_checkpoint
     from .models.hf import read_config, resolve_dtype
     from .models.lazy import meta_tensors
-    from .auto_method import resolve as resolve_method
     from .pipeline import quantize_model
 
     t0 = time.time()
     config = read_config(folder)
     storage = resolve_dtype(recipe.dtype, config)
-    # 'auto' is settled before anything reads the method: the bit budget, the plan and quantkit.json's recipe
-    recipe, why = resolve_method(recipe, config)
     model, tok, src, weights, plan = _load(recipe, folder, storage, lazy)
-    plan.method_reason = why
-    if recipe.quant.bits is not None:
-        plan = apply_bit_budget(plan, model, recipe, _weight_reader(model, weights))
+    recipe = plan.recipe  # 'auto' settled by the plan: calibration and quantkit.json's recipe say what ran
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
     calib, calib_meta = _calibration(recipe, model, tok, src) if plan.needs_data else (None, None)
     if calib is not None:  # data-parallel: this process calibrates on its share of the samples

@@ -1,8 +1,9 @@
 """The plan of a quantisation run, built once from the recipe and the model and handed down unchanged.
 
-Everything the pipeline, the writer and the report need to agree on is decided here and only here: which
-Linears are quantised and with which scheme, the group size when the user gave none, which solver each one
-gets, whether calibration data is needed, the solvers' options and the KV-cache scheme.
+Everything the pipeline, the writer and the report need to agree on is decided here and only here, in one call
+of build_plan: what `--method auto` becomes and why, which Linears are quantised and with which scheme (each
+one's width under `--bits` included), the group size when the user gave none, which solver each one gets,
+whether calibration data is needed, each method's own options and the KV-cache scheme. The Plan is frozen.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from .recipe.schema import Method
 from .schemes import Scheme, fitting_group_size, get_scheme, scale_dtype_for
 from .solvers.awq_options import AWQOptions
 from .solvers.base import LinearSolver, SolveOptions
+from .solvers.gptq_options import GPTQOptions
 from .solvers.signround_options import SignRoundOptions
+from .solvers.smoothquant_options import SmoothQuantOptions
 from .targets import matches
 
 # the compressed-tensors entry for a static FP8 KV cache (one scale per tensor from calibration)
@@ -64,17 +67,19 @@ def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
     return RTNSolver
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    schemes: dict[str, Scheme]  # every Linear to quantise, in model order
-    method: str
+    schemes: dict[str, Scheme]  # every Linear to quantise, in model order, at the width --bits gave it
+    method: str  # never 'auto': build_plan settles it
     group_size: int | None  # the resolved default group size (None for fp8 schemes)
-    options: SolveOptions  # what every solver reads: scale dtype, clip search, GPTQ's options
+    options: SolveOptions  # what every solver shares: scale dtype, clip search
     needs_data: bool
+    recipe: Recipe  # the recipe as run: 'auto' replaced by the method chosen (quantkit.json records it)
     kv_scheme: dict | None = None
+    gptq: GPTQOptions | None = None  # GPTQ's options when the method solves with GPTQ (gptq, awq+gptq)
     awq: AWQOptions | None = None  # AWQ's options when the method scales first
     signround: SignRoundOptions | None = None  # learned rounding's options (method signround)
-    smooth: dict | None = None  # SmoothQuant's options when it runs before a w8a8 scheme
+    smooth: SmoothQuantOptions | None = None  # SmoothQuant's options when it runs before a w8a8 scheme
     storage_dtype: torch.dtype = torch.float32
     uncovered: list[Uncovered] = field(default_factory=list)  # matrix weights left in float, not ignored
     moe: dict = field(default_factory=dict)  # recipe.quant.moe: expert calibration knobs
@@ -82,8 +87,13 @@ class Plan:
     method_reason: str | None = None  # why `--method auto` became `method` (auto_method.py); None when given
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
+        from .solvers.gptq import GPTQSolver
+
         scheme = self.schemes[name]
-        return solver_for(method or self.method, scheme)(name, weight, scheme, self.options)
+        cls = solver_for(method or self.method, scheme)
+        if issubclass(cls, GPTQSolver):  # the one solver family with knobs of its own
+            return cls(name, weight, scheme, self.options, self.gptq)
+        return cls(name, weight, scheme, self.options)
 
 
 def ignore_patterns(recipe: Recipe) -> list[str]:
@@ -168,37 +178,49 @@ def schemes_for(model: nn.Module, recipe: Recipe, group_size: int | None) -> dic
     return out
 
 
-def solver_options(recipe: Recipe, storage: torch.dtype) -> SolveOptions:
-    q = recipe.quant
-    return SolveOptions(scale_dtype=scale_dtype_for(storage), clip_search=q.clip_search, gptq=q.gptq)
-
-
-def _smooth(q, schemes: dict[str, Scheme]) -> dict | None:
+def _smooth(q, schemes: dict[str, Scheme]) -> SmoothQuantOptions | None:
     if not q.smooth:
         return None
     if not any(s.is_int_activations for s in schemes.values()):
         raise UserError("quant.smooth moves activation outliers into INT8 weights; use it with --scheme w8a8 "
                         "or w8a8-static")
-    return {"alpha": q.smooth_alpha}
+    return q.smoothquant
 
 
-def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | None = None) -> Plan:
-    """storage_dtype: the dtype the checkpoint is written in (default: the model's)."""
+def _model_weight(model: nn.Module):
+    def read(name: str) -> torch.Tensor:
+        w = model.get_submodule(name).weight
+        if w.is_meta:
+            raise ValueError(f"{name} is not loaded; pass build_plan a read_weight that reads it")
+        return w.detach().float()
+    return read
+
+
+def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | None = None,
+               read_weight=None) -> Plan:
+    """The complete plan of a run on MODEL. storage_dtype: the dtype the checkpoint is written in (default: the
+    model's). read_weight(name) -> that Linear's float weight, read only for a bit budget (quant.bits); default:
+    the model's own weight, so a lazily loaded model needs a reader that fetches it."""
     storage = storage_dtype or next(model.parameters()).dtype
     recipe, why = resolve(recipe, getattr(model, "config", None))
     q = recipe.quant
     group_size = default_group_size(model, recipe)
-    schemes = schemes_for(model, recipe, group_size)
+    options = SolveOptions(scale_dtype=scale_dtype_for(storage), clip_search=q.clip_search)
+    schemes, budget = schemes_for(model, recipe, group_size), None
+    if q.bits is not None:
+        schemes, budget = _bit_budget(model, recipe, group_size, list(schemes), storage, options.scale_dtype,
+                                      read_weight or _model_weight(model))
     uncovered = check_coverage(model, set(schemes), ignore_patterns(recipe))
+    gptq = q.gptq if q.method in ("gptq", "awq+gptq") else None
     awq = q.awq if q.method in ("awq", "awq+gptq") else None
     signround = q.signround if q.method == "signround" else None
     smooth = _smooth(q, schemes)
     needs = awq is not None or signround is not None or smooth is not None or q.kv_cache is not None or any(
         solver_for(q.method, s).needs_data for s in schemes.values())
-    return Plan(schemes=schemes, method=q.method, group_size=group_size, options=solver_options(recipe, storage),
-                needs_data=needs, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, awq=awq, smooth=smooth,
-                storage_dtype=storage, uncovered=uncovered, signround=signround,
-                moe=q.moe.model_dump(), method_reason=why)
+    return Plan(schemes=schemes, method=q.method, group_size=group_size, options=options, needs_data=needs,
+                recipe=recipe, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, gptq=gptq, awq=awq,
+                signround=signround, smooth=smooth, storage_dtype=storage, uncovered=uncovered,
+                moe=q.moe.model_dump(), bit_budget=budget, method_reason=why)
 
 
 def _budget_candidates(recipe: Recipe, group_size: int | None) -> list[Scheme]:
@@ -215,35 +237,35 @@ def _budget_candidates(recipe: Recipe, group_size: int | None) -> list[Scheme]:
         _scheme(recipe, "w8a16", None, q.symmetric)]
 
 
-def apply_bit_budget(plan: Plan, model: nn.Module, recipe: Recipe, read_weight) -> Plan:
-    """Give each Linear of PLAN a 3, 4 or 8-bit scheme so the average stored bits per weight is at most
-    recipe.quant.bits (solvers/bit_budget.py). read_weight(name) -> that Linear's float weight."""
+def _bit_budget(model: nn.Module, recipe: Recipe, group_size: int | None, names: list[str], storage: torch.dtype,
+                scale_dtype: torch.dtype, read_weight) -> tuple[dict[str, Scheme], dict]:
+    """A 3, 4 or 8-bit scheme for each of NAMES so the average stored bits per weight is at most
+    recipe.quant.bits (solvers/bit_budget.py), and quantkit.json's record of the choice."""
     from .solvers.bit_budget import Option, choose_widths, rounding_error, stored_bits
 
     target = recipe.quant.bits
-    candidates = _budget_candidates(recipe, plan.group_size)
-    scale_bits = 8 * torch.empty((), dtype=plan.storage_dtype).element_size()  # scales are written in it
+    candidates = _budget_candidates(recipe, group_size)
+    scale_bits = 8 * torch.empty((), dtype=storage).element_size()  # scales are written in it
     options = {}
-    for name in plan.schemes:
+    for name in names:
         mod = model.get_submodule(name)
         fits = [s for s in candidates if s.group_size == -1 or mod.in_features % s.group_size == 0]
         w = read_weight(name)
         options[name] = [Option(s, stored_bits(s, mod.out_features, mod.in_features, scale_bits),
-                                rounding_error(w, s, plan.options.scale_dtype), w.numel()) for s in fits]
+                                rounding_error(w, s, scale_dtype), w.numel()) for s in fits]
     try:
         chosen = choose_widths(options, target)
     except ValueError as e:
         raise UserError(f"--bits {target} is below the cheapest mix ({e} bits per weight, every Linear at its "
                         "fewest bits); raise --bits") from None
-    plan.schemes = {n: o.scheme for n, o in chosen.items()}
     total = sum(o.weights for o in chosen.values())
-    plan.bit_budget = {
+    record = {
         "target": target, "average_bits": round(sum(o.bits for o in chosen.values()) / total, 4),
         "sensitivity": "squared RTN weight error per width",
         "layers": {n: {"bits": o.scheme.num_bits, "group_size": o.scheme.group_size,
                        "sensitivity": {_width_name(x.scheme): x.error for x in options[n]}}
                    for n, o in chosen.items()}}
-    return plan
+    return {n: o.scheme for n, o in chosen.items()}, record
 
 
 def _width_name(s: Scheme) -> str:

@@ -19,7 +19,7 @@ SAMPLES = {
     "quant.targets": ("[{match: 're:.*mlp.*', scheme: fp8}]",
                       [{"match": "re:.*mlp.*", "scheme": "fp8", "group_size": None, "symmetric": None}]),
     "quant.clip_search": ("true", True), "quant.kv_cache": ("fp8", "fp8"), "quant.smooth": ("true", True),
-    "quant.smooth_alpha": ("0.5", 0.5),
+    "quant.smoothquant.alpha": ("0.5", 0.5),
     "quant.gptq.damp": ("0.05", 0.05), "quant.gptq.block_size": ("64", 64), "quant.gptq.actorder": ("off", "off"),
     "quant.gptq.static_groups": ("false", False), "quant.gptq.holdout": ("0.2", 0.2),
     "quant.awq.grid": ("7", 7), "quant.awq.duo": ("true", True), "quant.awq.clip": ("false", False),
@@ -118,6 +118,7 @@ OLD_FLAGS = [
     (["--actorder", "off"], "quant.gptq.actorder", "off"),
     (["--awq-tolerance", "0.2"], "quant.awq.min_gain", 0.2),
     (["--moe-calibrate-all"], "quant.moe.calibrate_all_experts", True),
+    (["--smooth-alpha", "0.3"], "quant.smoothquant.alpha", 0.3),
 ]
 
 

@@ -12,7 +12,6 @@ from quantkit.errors import UserError
 from quantkit.formats.pack import pack_int32
 from quantkit.kernels import reference
 from quantkit.schemes import Scheme
-from quantkit.solvers.base import SolveOptions
 from quantkit.solvers.gptq import GPTQSolver, gptq_quantize
 from quantkit.solvers.gptq_options import GPTQOptions
 from quantkit.solvers.rtn import rtn_quantize
@@ -206,11 +205,11 @@ def test_default_gptq_a_user_gets_matches_the_float64_reference():
     model = tiny_model("llama", layers=1)
     plan = build_plan(model, Recipe.model_validate({"quant": {"method": "gptq"}}))
     name = "model.layers.0.mlp.gate_proj"
-    sch, opts = plan.schemes[name], plan.options
-    assert sch.full_range and sch.symmetric and sch.num_bits == 4 and opts.gptq.actorder == "weight"
+    sch, opts, own = plan.schemes[name], plan.options, plan.gptq
+    assert sch.full_range and sch.symmetric and sch.num_bits == 4 and own.actorder == "weight"
     n = model.get_submodule(name).in_features
     gs = n if sch.group_size == -1 else sch.group_size
-    w, x, _H, (codes, deq, scales, _m) = _tie_free_case(4, True, gs, "weight", opts.gptq.static_groups, None,
+    w, x, _H, (codes, deq, scales, _m) = _tie_free_case(4, True, gs, "weight", own.static_groups, None,
                                                         opts.scale_dtype, True, seed0=77, out=16, n=n,
                                                         tokens=4 * n, balance=True)
     solver = plan.make_solver(name, w)
@@ -265,8 +264,7 @@ def test_solver_accumulates_running_hessian_over_uneven_batches():
     x = correlated_inputs(g, 300, 32)
     w = torch.randn(16, 32, generator=g)
     # the options a user gets by default (act-order weight) but for the block size
-    solver = GPTQSolver("model.layers.0.mlp.up_proj", w, scheme(4, True, 16),
-                        SolveOptions(gptq=GPTQOptions(block_size=8)))
+    solver = GPTQSolver("model.layers.0.mlp.up_proj", w, scheme(4, True, 16), gptq=GPTQOptions(block_size=8))
     x[::37] *= 50  # a few tokens with outsized activations: balanced, they weigh as much as any other
     for chunk in (x[:7], x[7:100].reshape(3, 31, 32), x[100:]):  # [tokens, in] and [batch, seq, in] both accepted
         solver.add_batch(chunk)
@@ -298,11 +296,11 @@ def test_solver_takes_actorder_from_options_or_scheme():
     g = torch.Generator().manual_seed(4)
     x = correlated_inputs(g, 128, 32)
     w = torch.randn(8, 32, generator=g)
-    off = SolveOptions(gptq=GPTQOptions(actorder="off"))
+    off = GPTQOptions(actorder="off")
     for opts, sch, expect in [(None, scheme(4, True, 8), "weight"),  # GPTQOptions' default, as users get it
                               (off, scheme(4, True, 8, actorder="weight"), "weight"),
                               (off, scheme(4, True, 8), None)]:
-        solver = GPTQSolver("l", w, sch, opts)
+        solver = GPTQSolver("l", w, sch, gptq=opts)
         solver.add_batch(x)
         qw = solver.solve()
         assert qw.stats["actorder"] == expect and qw.scheme.actorder == expect

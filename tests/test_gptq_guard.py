@@ -14,7 +14,8 @@ from quantkit.solvers.gptq_guard import choose
 from quantkit.solvers.rtn import rtn_quantize
 
 W4 = Scheme("w4a16", 4, "int", True, 32)
-OPTS = SolveOptions(scale_dtype=torch.float32, gptq=GPTQOptions(actorder="weight", holdout=0.2))
+OPTS = SolveOptions(scale_dtype=torch.float32)
+GPTQ = GPTQOptions(actorder="weight", holdout=0.2)
 
 
 def _err64(w, deq, H):
@@ -38,7 +39,7 @@ def _solve(search_mix, hold_mix, seed=0):
     """GPTQSolver fed four search batches and two held-out batches; returns w, its result and the batches."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(32, 64, generator=gen)
-    s = GPTQSolver("lin", w, W4, OPTS)
+    s = GPTQSolver("lin", w, W4, OPTS, GPTQ)
     search = [torch.randn(64, 64, generator=gen) @ search_mix for _ in range(4)]
     hold = [torch.randn(64, 64, generator=gen) @ hold_mix for _ in range(2)]
     for x in search:

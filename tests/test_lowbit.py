@@ -18,7 +18,7 @@ from quantkit.cli import app
 from quantkit.errors import UserError
 from quantkit.formats.pack import pack_int32, unpack_int32
 from quantkit.inspect_ckpt import inspect_checkpoint
-from quantkit.plan import apply_bit_budget, build_plan
+from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.schemes import get_scheme
 from quantkit.solvers.bit_budget import Option, choose_widths, stored_bits
@@ -109,8 +109,7 @@ def test_plan_upgrades_the_heavy_tailed_layer_and_records_it():
         heavy = w.sign() * w.abs().pow(3)
         w.copy_(heavy * (w.norm() / heavy.norm()))
     recipe = Recipe.model_validate({"quant": {"scheme": "w4a16", "method": "rtn", "bits": 3.8}})
-    plan = apply_bit_budget(build_plan(model, recipe), model, recipe,
-                            lambda n: model.get_submodule(n).weight.detach().float())
+    plan = build_plan(model, recipe)
     bits = {n: s.num_bits for n, s in plan.schemes.items()}
     assert bits[P] == max(bits.values()) and bits[P] > min(bits.values())
     b = plan.bit_budget
@@ -120,10 +119,10 @@ def test_plan_upgrades_the_heavy_tailed_layer_and_records_it():
     assert sens["3g64"] > sens["3g32"] > sens["4g64"] > sens["4g32"] > sens["8"] > 0
     with pytest.raises(UserError, match="below the cheapest mix"):
         r = Recipe.model_validate({"quant": {"bits": 2.5}})
-        apply_bit_budget(build_plan(model, r), model, r, lambda n: model.get_submodule(n).weight.float())
+        build_plan(model, r)
     with pytest.raises(UserError, match="--scheme w4a16"):
         r = Recipe.model_validate({"quant": {"scheme": "fp8", "bits": 4.5}})
-        apply_bit_budget(build_plan(model, r), model, r, lambda n: model.get_submodule(n).weight.float())
+        build_plan(model, r)
 
 
 def test_cli_bits_writes_groups_transformers_loads(tmp_path):

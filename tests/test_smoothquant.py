@@ -13,7 +13,7 @@ from quantkit.recipe import Recipe
 from quantkit.solvers.smoothquant import SmoothQuantTransform, fake_quantize_input, smooth_scales
 from test_awq import ARCH_CONFIGS, rel, tiny_model
 
-W8A8 = Recipe.model_validate({"quant": {"scheme": "w8a8", "smooth": True, "smooth_alpha": 0.5}})
+W8A8 = Recipe.model_validate({"quant": {"scheme": "w8a8", "smooth": True, "smoothquant": {"alpha": 0.5}}})
 
 
 def _calib(n=2, length=16):
@@ -29,7 +29,7 @@ def test_smoothing_fold_keeps_logits(arch):
     with torch.no_grad():
         before = model(ids).logits
     plan = build_plan(model, W8A8)
-    t = SmoothQuantTransform(model, plan.smooth["alpha"], torch.float32)
+    t = SmoothQuantTransform(model, plan.smooth, torch.float32)
     names = {m: n for n, m in model.named_modules()}
     layers_name, layers = decoder_layers(model)
     inputs = capture.first_layer_inputs(model, layers, _calib(), "cpu")
@@ -87,3 +87,25 @@ def test_unmapped_architecture_is_a_user_error():
     model = AutoModelForCausalLM.from_config(cfg)
     with pytest.raises(UserError, match="SmoothQuant has no scaling map for model type 'gpt_neox'"):
         SmoothQuantTransform(model)
+
+
+def test_the_old_smooth_alpha_spelling_reaches_the_transform(tmp_path):
+    """quant.smooth_alpha (YAML and --set) is now quant.smoothquant.alpha: same value in the plan's
+    SmoothQuantOptions and the transform, with a warning naming the new key; without quant.smooth no options."""
+    from quantkit.cli.quantize_cmd import _recipe
+    from quantkit.recipe import load_recipe
+    from quantkit.solvers.smoothquant_options import SmoothQuantOptions
+
+    model = tiny_model("llama")
+    path = tmp_path / "old.yaml"
+    path.write_text("quant:\n  scheme: w8a8\n  smooth: true\n  smooth_alpha: 0.3\n", encoding="utf-8")
+    with pytest.warns(FutureWarning, match="quant.smoothquant.alpha"):
+        from_yaml = load_recipe(path)
+    with pytest.warns(FutureWarning, match="quant.smoothquant.alpha"):
+        from_set = _recipe(None, ["quant.smooth=true", "quant.smooth_alpha=0.3"], {"scheme": "w8a8"})
+    for r in (from_yaml, from_set):
+        plan = build_plan(model, r)
+        assert plan.smooth == SmoothQuantOptions(alpha=0.3)
+        assert SmoothQuantTransform(model, plan.smooth).alpha == 0.3
+    assert build_plan(model, _recipe(None, ["quant.smoothquant.alpha=0.3"], {"scheme": "w8a8"})).smooth is None
+    assert SmoothQuantTransform(model).alpha is None  # the options model's default: searched

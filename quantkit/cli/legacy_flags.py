@@ -17,7 +17,7 @@ VALUE_FLAGS = {
     "--awq-search-tokens": "quant.awq.search_tokens", "--awq-fallback": "quant.awq.fallback",
     "--awq-holdout": "quant.awq.holdout", "--awq-tolerance": "quant.awq.min_gain",
     "--awq-clip-prior-tokens": "quant.awq.clip_prior_tokens", "--kv-cache": "quant.kv_cache",
-    "--smooth-alpha": "quant.smooth_alpha", "--moe-min-tokens": "quant.moe.min_tokens",
+    "--smooth-alpha": "quant.smoothquant.alpha", "--moe-min-tokens": "quant.moe.min_tokens",
     "--signround-iters": "quant.signround.iters", "--signround-lr": "quant.signround.lr",
     "--signround-batch": "quant.signround.batch", "--signround-holdout": "quant.signround.holdout",
     "--seed": "calibration.seed", "--calib-cut": "calibration.cut", "--text-field": "calibration.text_field",

@@ -67,15 +67,16 @@ CASES = [
     # runs depends on the CPU (AMX: the SGL kernel; without: oneDNN); each row records vLLM's own choice. SmoothQuant
     # with a fixed alpha: the format is checked here, not the search, which would cost minutes
     Case("w8a8 rtn", {"quant.scheme": "w8a8"}, dtype="bfloat16", reference="quantkit", windows=W8A8_WINDOWS),
-    Case("w8a8 smooth 0.5 rtn", {"quant.scheme": "w8a8", "quant.smooth": True, "quant.smooth_alpha": 0.5, **CALIB},
+    Case("w8a8 smooth 0.5 rtn",
+         {"quant.scheme": "w8a8", "quant.smooth": True, "quant.smoothquant.alpha": 0.5, **CALIB},
          dtype="bfloat16", reference="quantkit", windows=W8A8_WINDOWS),
     # static per-tensor input scales: vLLM 0.32's CPU build loads it but scores 2.8% below both quantkit and
     # transformers (43.36 against 44.60 / 44.78), near its dynamic per-token score of the same weights (43.76):
     # its x86 SGL int8 kernel quantises activations per token and never reads input_scale (docs/vllm.md), so
     # this row is documented, not gated
-    Case("w8a8-static smooth 0.5 rtn", {"quant.scheme": "w8a8-static", "quant.smooth": True, "quant.smooth_alpha": 0.5,
-                                        **CALIB}, dtype="bfloat16", reference="quantkit", gate=False,
-         windows=W8A8_WINDOWS),
+    Case("w8a8-static smooth 0.5 rtn", {"quant.scheme": "w8a8-static", "quant.smooth": True,
+                                        "quant.smoothquant.alpha": 0.5, **CALIB},
+         dtype="bfloat16", reference="quantkit", gate=False, windows=W8A8_WINDOWS),
     Case("w8 channel rtn", {"quant.scheme": "w8a16", "quant.group_size": -1}, probe=True),
     # FP8 activations are rounded per token by both engines compared: quantkit's runtime is the reference
     Case("fp8 dynamic", {"quant.scheme": "fp8-dynamic"}, probe=True, reference="quantkit"),

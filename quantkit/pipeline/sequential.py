@@ -38,7 +38,7 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
     if plan.smooth is not None:
         from ..solvers.smoothquant import SmoothQuantTransform
 
-        out.append(SmoothQuantTransform(model, plan.smooth["alpha"], plan.options.scale_dtype))
+        out.append(SmoothQuantTransform(model, plan.smooth, plan.options.scale_dtype))
     if plan.awq is not None:
         from ..solvers.awq import AWQTransform
 

@@ -1,12 +1,13 @@
 """The recipe schema: everything a quantisation run needs, as data (YAML). The CLI builds one from its options.
 
 Unknown keys are errors (extra="forbid") so a misspelt knob never silently does nothing. Each algorithm's own
-options (GPTQOptions, AWQOptions, SignRoundOptions) are defined beside its solver and embedded here, so their
-defaults are written once. Field descriptions are the user documentation: docs/recipes.md is generated from
-them (python -m quantkit.recipe.docs).
+options (GPTQOptions, AWQOptions, SignRoundOptions, SmoothQuantOptions) are defined beside its solver and
+embedded here, so their defaults are written once. Field descriptions are the user documentation:
+docs/recipes.md is generated from them (python -m quantkit.recipe.docs).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -16,6 +17,7 @@ from ..solvers.awq_options import AWQOptions
 from ..solvers.gptq_options import GPTQOptions
 from ..solvers.options import StrictOptions
 from ..solvers.signround_options import SignRoundOptions
+from ..solvers.smoothquant_options import SmoothQuantOptions
 from .gates import GATES
 
 Method = Literal["auto", "rtn", "gptq", "awq", "awq+gptq", "signround"]
@@ -96,8 +98,21 @@ class QuantOptions(_WithGroupSize):
     moe: MoEOptions = Field(default_factory=MoEOptions, description="Mixture-of-experts calibration knobs.")
     smooth: bool = Field(False, description="SmoothQuant before a w8a8 scheme: per-channel scales moving "
                                             "activation outliers into the weights, folded into the previous op.")
-    smooth_alpha: float | None = Field(None, ge=0, le=1, description="SmoothQuant migration strength; empty = "
-                                       "searched per layer on an 11-point grid in [0, 1] by the output error.")
+    smoothquant: SmoothQuantOptions = Field(default_factory=SmoothQuantOptions,
+                                            description="SmoothQuant knobs (when quant.smooth is on).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_smooth_alpha(cls, data):
+        # quant.smooth_alpha moved into SmoothQuant's own section; recipes written with it keep working a release
+        if isinstance(data, dict) and "smooth_alpha" in data:
+            warnings.warn("quant.smooth_alpha is now quant.smoothquant.alpha (same meaning); rename it",
+                          FutureWarning, stacklevel=2)
+            section = data.get("smoothquant")
+            section = section.model_dump() if isinstance(section, SmoothQuantOptions) else dict(section or {})
+            data = {k: v for k, v in data.items() if k != "smooth_alpha"} | {
+                "smoothquant": section | {"alpha": data["smooth_alpha"]}}
+        return data
 
 
 

@@ -1,25 +1,23 @@
 """The interface the pipeline drives: one LinearSolver per quantised Linear, and what the plan hands each one."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..qweight import QWeight
 from ..schemes import Scheme
-from .gptq_options import GPTQOptions
 
 
 @dataclass(frozen=True)
 class SolveOptions:
-    """What plan.build_plan hands every LinearSolver: the dtype the checkpoint stores scales in (the plan's rule,
-    schemes.scale_dtype_for), whether rounding searches each group's clipping range (recipe quant.clip_search),
-    and GPTQ's options, read by the GPTQ solvers only. SolveOptions() is what a solver built bare (in a test)
-    gets: the recipe's defaults, float16 scales."""
+    """What plan.build_plan hands every LinearSolver, whatever its algorithm: the dtype the checkpoint stores
+    scales in (the plan's rule, schemes.scale_dtype_for) and whether rounding searches each group's clipping range
+    (recipe quant.clip_search). An algorithm's own knobs travel in its own options model (GPTQOptions to the GPTQ
+    solvers). SolveOptions() is what a solver built bare (in a test) gets: float16 scales, no clip search."""
 
     scale_dtype: torch.dtype = torch.float16
     clip_search: bool = False
-    gptq: GPTQOptions = field(default_factory=GPTQOptions)
 
 
 def unit_rms(x: torch.Tensor) -> torch.Tensor:
@@ -98,7 +96,8 @@ class LayerTransform:
     apply() receives the layer, its calibration inputs (capture.LayerInputs) and {module: (name, Scheme)} of
     the layer's targeted Linears; it may modify the layer's float weights in place (keeping the float function
     unchanged) and returns {"stats": {linear_name: {...}}, "tensors": {checkpoint_key: tensor}}. options: the
-    transform's own options model (AWQOptions, SignRoundOptions), None for one without knobs.
+    transform's own options model (AWQOptions, SignRoundOptions, SmoothQuantOptions), None for one without
+    knobs.
     """
 
     def __init__(self, model, options=None):

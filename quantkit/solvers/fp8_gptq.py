@@ -15,6 +15,7 @@ from ..schemes import Scheme
 from .base import SolveOptions
 from .fp8_input_scale import InputScale
 from .gptq import GPTQSolver
+from .gptq_options import GPTQOptions
 
 
 class FP8GPTQSolver(GPTQSolver):
@@ -22,8 +23,9 @@ class FP8GPTQSolver(GPTQSolver):
     balance_tokens = False  # measured with power-weighted H (docs/benchmarks.md); integer GPTQ balances tokens
     keeps_column_order = True
 
-    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None):
-        super().__init__(name, weight, scheme, options)
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None,
+                 gptq: GPTQOptions | None = None):
+        super().__init__(name, weight, scheme, options, gptq)
         self.inputs = self.input_scale_class(name, weight) if scheme.activations == "static" else None
 
     def add_batch(self, x: torch.Tensor) -> None:

@@ -198,8 +198,9 @@ def _current_rows(Wt, E1, U, i1: int, i2: int, i: int, cols: torch.Tensor) -> to
 class GPTQSolver(LinearSolver):
     """Accumulates H = 2 X Xᵀ / n over every calibration token (a running mean, one matmul per batch), then solves.
 
-    options.gptq: GPTQOptions (actorder off falls back to scheme.actorder; holdout: the share of samples the
-    pipeline sends to add_holdout instead, to judge the solve, gptq_guard.py). balance_tokens: every token enters H at unit RMS (base.py:
+    gptq: GPTQOptions, its own knobs (actorder off falls back to scheme.actorder; holdout: the share of samples
+    the pipeline sends to add_holdout instead, to judge the solve, gptq_guard.py); options: what every solver
+    shares (scale dtype, clip search). balance_tokens: every token enters H at unit RMS (base.py:
     unit_rms); on SmolLM2 it took GPTQ from 33/11/35% of the RTN gap on three held-out texts to 70/50/57%.
     """
 
@@ -208,12 +209,13 @@ class GPTQSolver(LinearSolver):
     # FP8 and FP4 grids keep column order: on FP8 act-order gave better KL but worse perplexity (docs/benchmarks.md)
     keeps_column_order = False
 
-    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None):
+    def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None,
+                 gptq: GPTQOptions | None = None):
         super().__init__(name, weight, scheme, options)
         n = weight.shape[1]
         self.H = torch.zeros(n, n, dtype=torch.float32, device=weight.device)
         self.tokens = 0
-        self.gptq: GPTQOptions = self.options.gptq
+        self.gptq = gptq or GPTQOptions()
         self.holdout = self.gptq.holdout
         self.H_hold, self.hold_tokens = None, 0
 

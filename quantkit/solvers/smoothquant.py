@@ -11,8 +11,8 @@ The migration strength a is searched per scale group like AWQ's, on an 11-point 
 block (awq_maps.ScaleGroup.block) is run on SEARCH_TOKENS calibration tokens with its w8a8 Linears quantised
 exactly as they will run (INT8 RTN weights per channel, INT8 inputs per token, or per tensor for w8a8-static with
 the batch's absmax standing in for the calibrated scale), and the a with the least output error is kept; none,
-when no smoothing beats the unsmoothed error. A fixed alpha (recipe smooth_alpha) skips the search. The chosen a is
-recorded per Linear in quantkit.json (smooth_alpha).
+when no smoothing beats the unsmoothed error. A fixed alpha (SmoothQuantOptions.alpha, recipe
+quant.smoothquant.alpha) skips the search. The chosen a is recorded per Linear in quantkit.json (smooth_alpha).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from .awq import AWQTransform, pick_alpha
 from .awq_block import block_error, fake_quantize, measured_copy
 from .awq_maps import ScaleGroup, map_for, mapped_architectures
 from .base import LayerTransform
+from .smoothquant_options import SmoothQuantOptions
 
 GRID = 11
 # Calibration tokens (whole samples) the alpha search runs each block on; max|x| uses every token. A quarter of
@@ -51,10 +52,11 @@ def fake_quantize_input(x: torch.Tensor, per_token: bool) -> torch.Tensor:
 class SmoothQuantTransform(AWQTransform):
     STAT_ALPHA, STAT_ERROR, STAT_BASE = "smooth_alpha", "smooth_block_error", "unsmoothed_block_error"
 
-    def __init__(self, model, alpha: float | None = None, scale_dtype: torch.dtype | None = None):
-        """alpha: recipe quant.smooth_alpha (None: searched per layer); scale_dtype as AWQTransform's."""
-        LayerTransform.__init__(self, model)
-        self.alpha = alpha
+    def __init__(self, model, options: SmoothQuantOptions | None = None, scale_dtype: torch.dtype | None = None):
+        """options: recipe quant.smoothquant (alpha None: searched per layer); scale_dtype as AWQTransform's."""
+        o = options or SmoothQuantOptions()
+        LayerTransform.__init__(self, model, o)
+        self.alpha = o.alpha
         self.grid, self.duo, self.clip = GRID, False, False
         self.holdout = 0.0  # AWQ's held-out guard scores weight-only scaling; SmoothQuant's error is W8A8's
         self.search_tokens = SEARCH_TOKENS
