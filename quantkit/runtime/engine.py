@@ -141,6 +141,7 @@ class Engine:
                 if req.cancelled:  # gone while it waited: it never takes a slot
                     self._drop(req)
                 else:
+                    req.seq.metrics.t_admitted = time.perf_counter()
                     self._active.append(req)
             self.metrics.queued = len(self._waiting)
             self.metrics.active = len(self._active)

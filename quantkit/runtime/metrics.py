@@ -14,7 +14,9 @@ class RequestMetrics:
     spec_steps: int = 0  # verify forwards that checked at least one drafted token
     drafted: int = 0
     accepted: int = 0
-    t_start: float = field(default_factory=time.perf_counter)
+    t_start: float = field(default_factory=time.perf_counter)  # the prompt's ids are ready (tokenised)
+    t_received: float | None = None  # the server's handler began (no server: None)
+    t_admitted: float | None = None  # the engine gave it a decode slot (no engine: None)
     t_first: float | None = None
     t_last: float | None = None
 
@@ -48,10 +50,21 @@ class RequestMetrics:
             return None
         return (self.t_last - self.t_first) / (self.output_tokens - 1)
 
+    def split_s(self) -> dict[str, float | None]:
+        """Where a request's time went, in order: reading and tokenising it (HTTP body, validation, template),
+        waiting for a decode slot, the prefill up to the first token, the decode of the rest. They add up to
+        its time in the server; what a client measures beyond that is HTTP."""
+        admitted = self.t_admitted if self.t_admitted is not None else self.t_start
+        return {"tokenise": None if self.t_received is None else self.t_start - self.t_received,
+                "queue": None if self.t_admitted is None else self.t_admitted - self.t_start,
+                "prefill": None if self.t_first is None else self.t_first - admitted,
+                "decode": None if self.t_first is None else self.t_last - self.t_first}
+
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in ("prompt_tokens", "output_tokens", "target_forwards", "spec_steps",
                                            "drafted", "accepted", "acceptance_rate", "mean_accepted_length",
                                            "tokens_per_target_forward", "ttft_s", "tpot_s")}
+        d["split_s"] = self.split_s()
         if self.t_last is not None and self.t_first is not None and self.output_tokens > 1:
             d["decode_tokens_per_s"] = (self.output_tokens - 1) / max(self.t_last - self.t_first, 1e-9)
         return d

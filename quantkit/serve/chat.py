@@ -1,6 +1,8 @@
 """POST /v1/chat/completions: messages in (through the model's chat template), the assistant's answer out."""
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +33,7 @@ def template_ids(tok, messages: list[Message]) -> list[int]:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
+    received = time.perf_counter()
     state: ServeState = request.app.state.serve
     body = await read_body(request, ChatBody)
     check_model(state, body)
@@ -42,8 +45,8 @@ async def chat_completions(request: Request):
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     params = sampling_params(state, body, max_tokens, state.config.default_max_tokens, len(ids), logprobs)
     opts = Options(chat=True, stream=bool(body.stream), include_usage=body.include_usage, logprobs=logprobs)
-    job = start(state, ids, params, opts)
+    job = start(state, ids, params, opts, received)
     if opts.stream:
         return responses.stream(job)
     await until_done(request, job)
-    return JSONResponse(responses.final(job))
+    return JSONResponse(responses.final(job), headers={"X-Request-Id": job.req.id})  # as streams carry it

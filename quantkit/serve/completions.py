@@ -1,6 +1,8 @@
 """POST /v1/completions: text (or token ids) in, its continuation out; `echo` and `logprobs` as OpenAI's."""
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -31,6 +33,7 @@ async def prompt_ids(state: ServeState, prompt, echo: bool) -> tuple[list[int], 
 
 @router.post("/v1/completions")
 async def completions(request: Request):
+    received = time.perf_counter()
     state: ServeState = request.app.state.serve
     body = await read_body(request, CompletionBody)
     check_model(state, body)
@@ -39,8 +42,8 @@ async def completions(request: Request):
     params = sampling_params(state, body, body.max_tokens, DEFAULT_MAX_TOKENS, len(ids), body.logprobs)
     opts = Options(chat=False, stream=bool(body.stream), include_usage=body.include_usage, logprobs=body.logprobs,
                    echo=text)
-    job = start(state, ids, params, opts)
+    job = start(state, ids, params, opts, received)
     if opts.stream:
         return responses.stream(job)
     await until_done(request, job)
-    return JSONResponse(responses.final(job))
+    return JSONResponse(responses.final(job), headers={"X-Request-Id": job.req.id})  # as streams carry it

@@ -94,12 +94,14 @@ def check_model(state: ServeState, body) -> None:
                        param="model", code="model_not_found")
 
 
-def start(state: ServeState, ids: list[int], params: SamplingParams, opts: Options) -> Job:
+def start(state: ServeState, ids: list[int], params: SamplingParams, opts: Options, received: float) -> Job:
+    """received: time.perf_counter() when the handler began, the start of the request's time split."""
     prompt_logprobs = opts.echo is not None and opts.logprobs is not None
     try:
         seq = state.engine.new_sequence(ids, params, prompt_logprobs=prompt_logprobs)
     except UserError as e:
         raise APIError(str(e)) from None
+    seq.metrics.t_received = received
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
 

@@ -1,0 +1,57 @@
+"""Issue 41, requirement 3: each request's time in the server is split into tokenise, queue, prefill and
+decode (GET /v1/details/{id}, metrics.split_s), so bench/serve_split.py can say where serving overhead goes.
+The parts must be measured at the right moments: they add up to the request's time in the server, that time
+fits inside what the client measured, and a request that waited for a decode slot shows the wait as queue."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from quantkit.testing.models import single_thread
+from serve_fixtures import model, tok  # noqa: F401
+from serve_helpers import NAME, Served
+
+PARTS = ("tokenise", "queue", "prefill", "decode")
+
+
+def _complete(server, max_tokens: int) -> tuple[dict, float]:
+    body = {"model": NAME, "prompt": "a b c " * 20, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    t0 = time.perf_counter()
+    r = server.post("/v1/completions", body)
+    elapsed = time.perf_counter() - t0
+    assert r.status_code == 200, r.text
+    details = httpx.get(f"{server.url}/v1/details/{r.headers['x-request-id']}").json()
+    return details["metrics"], elapsed
+
+
+@pytest.fixture(scope="module")
+def one_slot_server(model, tok):  # noqa: F811
+    with single_thread():
+        s = Served(model, tok, engine_kw={"max_active": 1})
+        yield s
+        s.stop()
+
+
+def test_the_parts_add_up_inside_what_the_client_measured(one_slot_server):
+    m, elapsed = _complete(one_slot_server, 24)
+    split = m["split_s"]
+    assert set(split) == set(PARTS) and all(split[p] is not None and split[p] >= 0 for p in PARTS), split
+    assert 0 < sum(split.values()) <= elapsed
+    # decode covers the 23 tokens after the first, at the per-token time the metrics report
+    assert split["decode"] == pytest.approx(m["tpot_s"] * 23, rel=1e-6)
+
+
+def test_a_request_waiting_for_the_only_slot_shows_the_wait_as_queue(one_slot_server):
+    first: dict = {}
+    t = threading.Thread(target=lambda: first.update(m=_complete(one_slot_server, 64)[0]))
+    t.start()
+    time.sleep(0.05)  # the first request holds the one decode slot
+    second, _ = _complete(one_slot_server, 4)
+    t.join()
+    a, b = first["m"]["split_s"], second["split_s"]
+    # the second could only start once the first finished decoding: its queue spans most of the first's work
+    assert b["queue"] >= 0.5 * (a["prefill"] + a["decode"]), (a, b)
+    assert b["prefill"] < b["queue"]
