@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# llama.cpp's command-line tools, built from the tree inside llama-cpp-python's PyPI sdist, for the GGUF
+# acceptance test (tests/test_gguf_llama_cpp.py) and the GGUF benchmark. Only the tools those need are
+# built (llama-perplexity, llama-quantize, llama-imatrix, llama-simple), CPU only, at low priority on two
+# jobs because the machine is shared. The build lives outside the repo, in
+# ${QUANTKIT_LLAMA_CPP_CACHE:-~/.cache/quantkit}/llama.cpp-VERSION; an existing build is kept.
+# Prints the folder holding the binaries on its last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python}"
+VERSION="${QUANTKIT_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+CACHE="${QUANTKIT_LLAMA_CPP_CACHE:-$HOME/.cache/quantkit}"
+ROOT="$CACHE/llama.cpp-$VERSION"
+BIN="$ROOT/build/bin"
+TOOLS=(llama-perplexity llama-quantize llama-imatrix llama-simple)
+
+have_all() { for t in "${TOOLS[@]}"; do [ -x "$BIN/$t" ] || return 1; done; }
+if have_all; then echo "$BIN"; exit 0; fi
+
+mkdir -p "$ROOT"
+if [ ! -f "$ROOT/src/CMakeLists.txt" ]; then
+  tmp="$(mktemp -d)"
+  # --no-binary for this one package only: with :all: pip would also compile cmake from source
+  # to read the sdist's metadata.
+  "$PY" -m pip download -q --no-deps --no-binary llama-cpp-python -d "$tmp" "llama-cpp-python==$VERSION" >&2
+  tar -xzf "$tmp"/llama_cpp_python-"$VERSION".tar.gz -C "$tmp"
+  rm -rf "$ROOT/src"
+  mv "$tmp/llama_cpp_python-$VERSION/vendor/llama.cpp" "$ROOT/src"
+  rm -rf "$tmp"
+fi
+command -v cmake >/dev/null && command -v ninja >/dev/null || "$PY" -m pip install -q cmake ninja >&2
+nice -n 19 cmake -S "$ROOT/src" -B "$ROOT/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON -DBUILD_SHARED_LIBS=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF >&2
+nice -n 19 cmake --build "$ROOT/build" -j 2 --target "${TOOLS[@]}" >&2
+have_all || { echo "llama.cpp build finished without all of ${TOOLS[*]} in $BIN" >&2; exit 1; }
+echo "$BIN"
