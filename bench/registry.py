@@ -23,6 +23,7 @@ SUITES = {
     "serving": "bench.serving",
     "kernels": "bench.kernels_suite",
     "interop": "bench.interop",
+    "scaling": "bench.scaling_suite",
 }
 
 # the instruction-set flags that choose CPU kernels (AVX-512 and AMX paths in torch, oneDNN and FBGEMM)

@@ -61,9 +61,9 @@ def machine_line(m) -> str:
 def section(doc: dict, name: str) -> list[str]:
     out = [f"## {doc.get('suite', name)}", ""]
     carried = doc.get("carried_over")
-    if carried:
-        out += [f"**Carried over, not re-run**: from [benchmarks-history.md, \"{carried}\"]"
-                f"(benchmarks-history.md#{anchor(carried)}).", ""]
+    if carried:  # a section title of benchmarks-history.md, or {"file": a page in docs/, "section": its title}
+        page, title = (carried["file"], carried["section"]) if isinstance(carried, dict) else (HISTORY.name, carried)
+        out += [f"**Carried over, not re-run**: from [{page}, \"{title}\"]({page}#{anchor(title)}).", ""]
     load = f", load average {doc['load_average']}" if doc.get("load_average") else ""
     out += [f"`{doc.get('command', 'command not recorded')}`  ", f"{doc.get('date', 'date not recorded')}; "
             f"{machine_line(doc.get('machine', 'machine not recorded'))}{load}", ""]
