@@ -13,7 +13,7 @@ from .gguf_blocks import IQ4_NL_LEVELS, TYPES, Blocks, GGUFType
 _SYM_DIVISORS = {
     "Q4_0": [-8, -7.5, -7, -6.5, -6, 7, 6.5, 6],
     "Q5_0": [-16, -15, -14, -13, 15, 14, 13],
-    "Q8_0": [127, -128, 125, 122],
+    "Q8_0": [127, -128],
 }
 _IQ4 = torch.tensor(IQ4_NL_LEVELS, dtype=torch.float32)
 _IQ4_MIDS = (_IQ4[1:] + _IQ4[:-1]) / 2

@@ -1,0 +1,121 @@
+"""The GGUF export job: a Hugging Face Llama-family folder -> one .gguf file llama.cpp runs.
+
+Tensors are read one at a time from the folder's safetensors (no model is built), given their llama.cpp
+name and their type from the scheme's mix (formats/gguf_mix.py), rounded onto that type's grid by the
+block encoder's own weighted search (RTN), and written; norms stay float32. The file is written beside OUT
+and renamed into place, so a killed run never leaves a half file under OUT's name."""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .errors import UserError
+from .formats import gguf_mix, gguf_writer
+
+# the solvers that run on GGUF grids today; the others are refused by name
+GGUF_METHODS = ("auto", "rtn")
+
+
+def _check(scheme: str, method: Optional[str], output: Optional[str], overwrite: bool) -> tuple[str, Path]:
+    scheme = gguf_mix.check_scheme(scheme or "q4_k_m")
+    if (method or "auto") not in GGUF_METHODS:
+        raise UserError(f"--method {method} does not run on GGUF grids yet; with --format gguf use --method rtn "
+                        "(docs/gguf.md lists which solver takes which type)")
+    if not output:
+        raise UserError("--format gguf needs -o OUT.gguf")
+    out = Path(output)
+    if out.is_dir():
+        raise UserError(f"-o {output} is a folder; --format gguf writes one file, e.g. -o {out / 'model.gguf'}")
+    if out.exists() and not overwrite:
+        raise UserError(f"{output} exists; pass --overwrite to replace it")
+    return scheme, out
+
+
+def _tensors(src: Path):
+    """(name, tensor) for every tensor in the folder's safetensors, one at a time."""
+    from safetensors import safe_open
+
+    files = sorted(src.glob("*.safetensors"))
+    if not files:
+        raise UserError(f"{src} has no .safetensors files; GGUF export reads safetensors weights")
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for name in st.keys():
+                yield name, st.get_tensor(name)
+
+
+def _weight(config, role: str, t: torch.Tensor) -> torch.Tensor:
+    t = t.float()
+    if role == "attn_q":
+        return gguf_writer.permute_qk(t, config.num_attention_heads)
+    if role == "attn_k":
+        return gguf_writer.permute_qk(t, config.num_key_value_heads)
+    return t
+
+
+def _write_one(f, config, scheme: str, tied: bool, name: str, t: torch.Tensor, decoded: Optional[dict]) -> Optional[str]:
+    from .formats.gguf_blocks import decode, encode
+
+    named = gguf_writer.gguf_name(name)
+    if named is None:
+        return None
+    role, layer = named
+    key = gguf_writer.tensor_key(role, layer)
+    if t.dim() == 1:
+        f.add_float(key, t.float().numpy())
+        return "F32"
+    mix_role = "output" if role == "output" or (tied and role == "token_embd") else role
+    kind = gguf_mix.tensor_type(scheme, mix_role, layer, config.num_hidden_layers, t.shape[1])
+    w = _weight(config, role, t)
+    if kind == "F16":
+        f.add_float(key, w.numpy(), f16=True)
+        return kind
+    blocks, raw = encode(w, kind)
+    f.add_blocks(key, raw, kind)
+    if decoded is not None:  # back in Hugging Face's row order, for comparing with the float model
+        q = decode(blocks, w.shape)
+        decoded[name] = _unpermute(config, role, q)
+    return kind
+
+
+def _unpermute(config, role: str, w: torch.Tensor) -> torch.Tensor:
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}.get(role)
+    if heads is None:
+        return w
+    rows = w.shape[0]
+    return w.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+def quantize_to_gguf(model: Optional[str], output: Optional[str], scheme: Optional[str] = None,
+                     method: Optional[str] = None, overwrite: bool = False, decoded: Optional[dict] = None) -> dict:
+    """Write OUT.gguf; `decoded`, when given, is filled with each quantised weight as llama.cpp decodes it
+    (Hugging Face names and layout). Returns a summary: types used (tensor count per type), bytes, seconds."""
+    from .models.hf import read_config, resolve_model_dir
+
+    scheme, out = _check(scheme, method, output, overwrite)
+    t0 = time.time()
+    src = resolve_model_dir(model)
+    config = read_config(src)
+    gguf_writer.check_config(config)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
+    types: dict[str, int] = {}
+    try:
+        f = gguf_writer.GGUFFile(tmp, src, config, gguf_mix.SCHEMES[scheme][1], src.name)
+        for name, t in _tensors(src):
+            if tied and name == "lm_head.weight":
+                continue
+            kind = _write_one(f, config, scheme, tied, name, t, decoded)
+            if kind:
+                types[kind] = types.get(kind, 0) + 1
+        f.close()
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {"output": str(out), "format": "gguf", "scheme": scheme, "method": "rtn", "types": types,
+            "bytes": out.stat().st_size, "seconds": round(time.time() - t0, 1)}
