@@ -15,6 +15,9 @@ except ImportError:  # pragma: no cover
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Each kind's preferred CPU layout, not timed: a test's layout must not depend on how busy the machine is, and
+# loads must not write the user's kernel-choice cache (tests/test_kernel_choice.py measures on purpose)
+os.environ.setdefault("QUANTKIT_KERNEL_CHOICE", "preferred")
 
 import pytest  # noqa: E402
 

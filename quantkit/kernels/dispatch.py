@@ -2,7 +2,8 @@
 
 CUDA: the CUDA C++ GEMV at 1-4 rows (4-bit, fp16/bf16), the Triton kernels up to TRITON_GEMM_MAX_ROWS rows,
 dequantise + cuBLAS above; the CUDA tensor-core GEMM (5-64 rows) only with QUANTKIT_KERNEL=cuda until measured.
-CPU: torch's packed int4/int8 ops where they apply (one-time repack in prepare), else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
+CPU: the path the runtime measured fastest at load (use_cpu_path, kernels/path_choice.py) when it has one;
+otherwise torch's packed int4/int8 ops where they apply (one-time repack in prepare), else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
 activations (fp32/fp16 take a scalar path 100-300x slower than a float matmul, bench/kernels_cpu.py), so
 they are repacked for bfloat16 models (scale dtype) and used for bfloat16 activations only. Triton is only chosen on CPU when forced (interpreter).
 2/3-bit weights (dense packing, codes straddle words) have no fused kernel: dequantise + matmul everywhere.
@@ -93,6 +94,7 @@ def prepare(module) -> None:
     """One-time work per layer at load: CPU repacks for torch's packed ops, cached on the module."""
     module._cpu_int4 = None
     module._cpu_int8 = None
+    module._cpu_path = None
     if module.weight_packed.device.type == "cpu" and (module.weight_scale.dtype == torch.bfloat16
                                                        or getattr(module, "cpu_bf16_activations", False)):
         wp, sc, zp, gi, gs = _tensors(module)
@@ -101,6 +103,30 @@ def prepare(module) -> None:
         elif module.bits == 8:
             module._cpu_int8 = cpu.repack_int8(wp, sc, zp, module.in_features)
     module._qk_prepared = True
+
+
+CPU_PATHS = ("cpu-int4pack", "cpu-int8pack", "torch-dequant-matmul")
+
+
+def use_cpu_path(module, path: str) -> None:
+    """Run `module` by `path` on the CPU (the runtime's measured choice, kernels/path_choice.py); a packed
+    layout it no longer uses is let go, so its memory is freed and fused.py does not stack it."""
+    if path not in CPU_PATHS:
+        raise ValueError(f"{path} is not a CPU path of a quantised Linear")
+    module._cpu_path = path
+    if path != "cpu-int4pack":
+        module._cpu_int4 = None
+    if path != "cpu-int8pack":
+        module._cpu_int8 = None
+
+
+def _measured_cpu_path(module) -> str | None:
+    path = getattr(module, "_cpu_path", None)
+    if path == "cpu-int4pack" and getattr(module, "_cpu_int4", None) is None:
+        return None
+    if path == "cpu-int8pack" and getattr(module, "_cpu_int8", None) is None:
+        return None
+    return path
 
 
 def choose(module, rows: int, x: torch.Tensor) -> str:
@@ -134,6 +160,9 @@ def decide(device_type: str, rows: int, dtype: torch.dtype, module, forced: str 
         tc_ok = tc_supported(module.in_features, module.group_size, gi_present, module.bits, rows, dtype)
         return "cuda-tc" if tc_ok else "cuda-dequant-matmul"
     if device_type == "cpu":
+        measured = _measured_cpu_path(module) if forced is None else None
+        if measured is not None:
+            return measured
         # fp32/fp16 activations take the packed ops only when the loader opted in (runtime): they then run in
         # bf16, ~4e-3 relative error per product, far below W4's own error, for a 50-200x faster layer
         packed_ok = dtype == torch.bfloat16 or getattr(module, "cpu_bf16_activations", False)

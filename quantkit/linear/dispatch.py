@@ -8,7 +8,9 @@ The loader (runtime/loader.py) asks this module, and only this module, at two mo
   with, from the checkpoint's schemes and the caller's options (`apply` does it for a whole model): a
   QuantLinear is prepared for its kernels (kernels/dispatch.py; with cpu_fast, torch's packed int ops with bf16
   activations); with cpu_fast, an int checkpoint's float32 head becomes a float16 copy (half_head.py); with
-  relayout, a float model's CPU Linears take relayout.py's layout (half_weight.py, packed.py).
+  relayout, a float model's CPU Linears take relayout.py's layout (half_weight.py, packed.py). On the CPU each
+  of these is the fastest correct candidate measured on this machine (path_candidates.py,
+  kernels/path_choice.py), recorded on the model for kernel_paths.
 Everything else stays as loaded: an FP8 checkpoint's layers, and the float layers a quantised checkpoint keeps
 (a head, ignored layers), which re-laid out would cost the whole model its --compile (runtime/build.py) and pad
 each step to 4 rows (runtime/llama_step.py) for little.
@@ -19,6 +21,8 @@ import torch
 from torch import nn
 
 from ..kernels import dispatch as kernel_dispatch
+from ..kernels.path_choice import Chooser, describe, header
+from . import path_candidates
 from .fp4 import FP4Linear
 from .fp8 import FP8Linear
 from .half_head import half_copy
@@ -26,6 +30,8 @@ from .int8 import Int8Linear
 from .packed import PackedLinear
 from .quant import QuantLinear
 from .relayout import float_linear
+
+CHOICES_ATTR = "_qk_kernel_choices"  # the load's kernel_paths records, kept on the model
 
 INT, FLOAT = "int", "float"  # weight types as compressed-tensors config groups name them
 
@@ -54,20 +60,31 @@ def schemes(model: nn.Module) -> set[str]:
 
 
 def choose(module: nn.Module, kinds: set[str], *, cpu_fast: bool = False, relayout: bool = False,
-           head: bool = False, tied: bool = False) -> nn.Module:
+           head: bool = False, tied: bool = False, chooser: Chooser | None = None, name: str = "") -> nn.Module:
     """The module to compute with in place of `module`, a Linear-like module whose weights are loaded and on
     their final device; `module` itself where nothing applies. kinds: schemes() of its model. head: it is the
-    output head. tied: its weight is also the input embedding's table."""
+    output head. tied: its weight is also the input embedding's table. chooser: the load's measured choice
+    (path_candidates.py) for CPU modules; without one, each kind's preferred layout. name: the module's."""
+    on_cpu = chooser is not None and _on_cpu(module)
     if isinstance(module, QuantLinear):
         # kernel choices need the weights on their final device, which is why this waits until after loading
         module.cpu_bf16_activations = cpu_fast
         kernel_dispatch.prepare(module)
+        if on_cpu and cpu_fast:
+            path_candidates.choose_quant(module, chooser, name)
         return module
     if head and cpu_fast and INT in kinds:
-        return half_copy(module) or module
+        return path_candidates.head_layout(module, chooser, name) if on_cpu else (half_copy(module) or module)
     if relayout and not kinds and type(module) is nn.Linear:
+        if on_cpu:
+            return path_candidates.float_layout(module, chooser, name, tied=tied) or module
         return float_linear(module.weight, module.bias, tied=tied) or module
     return module
+
+
+def _on_cpu(module: nn.Module) -> bool:
+    t = next(iter(module.buffers()), None) if isinstance(module, QuantLinear) else getattr(module, "weight", None)
+    return isinstance(t, torch.Tensor) and t.device.type == "cpu"
 
 
 def apply(model: nn.Module, *, cpu_fast: bool = False, relayout: bool = False) -> int:
@@ -77,9 +94,11 @@ def apply(model: nn.Module, *, cpu_fast: bool = False, relayout: bool = False) -
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     table = getattr(emb, "weight", None)
     swapped = 0
+    chooser = Chooser() if cpu_fast or relayout else None
     for name, mod in list(model.named_modules()):
         tied = table is not None and type(mod) is nn.Linear and mod.weight is table
-        new = choose(mod, kinds, cpu_fast=cpu_fast, relayout=relayout, head=mod is head, tied=tied)
+        new = choose(mod, kinds, cpu_fast=cpu_fast, relayout=relayout, head=mod is head, tied=tied,
+                     chooser=chooser, name=name)
         if new is mod:
             continue
         if isinstance(new, PackedLinear) and new.transposed is not None:
@@ -87,7 +106,17 @@ def apply(model: nn.Module, *, cpu_fast: bool = False, relayout: bool = False) -
             emb.weight = nn.Parameter(new.transposed.t(), requires_grad=False)
         model.set_submodule(name, new)
         swapped += 1
+    if chooser is not None and chooser.choices:
+        chooser.save()
+        setattr(model, CHOICES_ATTR, list(chooser.choices.values()))
     return swapped
+
+
+def kernel_paths(model: nn.Module) -> list[str]:
+    """What `quantkit generate --explain` and `serve` print: the machine, then each Linear kind's CPU path
+    and why (empty for a model with no CPU choices: a GPU model, or one loaded exact)."""
+    choices = getattr(model, CHOICES_ATTR, None)
+    return [header(), *describe(choices)] if choices else []
 
 
 def relayout_model(model: nn.Module) -> int:
