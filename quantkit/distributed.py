@@ -110,9 +110,10 @@ class Pool:
         return global_index(local)
 
 
-def owners(costs: list[float]) -> list[int]:
-    """A rank for each job: the costliest first, each to the least loaded rank (the same answer on every rank)."""
-    load = [0.0] * world()
+def owners(costs: list[float], ranks: int | None = None) -> list[int]:
+    """A rank for each job: the costliest first, each to the least loaded rank (the same answer on every rank).
+    ranks: how many to deal to (this run's, unless a cost estimate asks about another)."""
+    load = [0.0] * (ranks or world())
     out = [0] * len(costs)
     for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
         r = min(range(len(load)), key=lambda r: (load[r], r))

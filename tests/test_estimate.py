@@ -95,3 +95,28 @@ def test_cli_json_and_table(cli, tmp_path):
     assert code == 0 and "tokens/s" in err and "int4" in err
     code, _, err = cli("estimate", C8, "--gpu", "tpu")
     assert code == 2 and "unknown GPU" in err
+
+
+def test_cli_quantise_time_and_memory_per_rank_count(cli):
+    """--ranks shares the calibration tokens and the solves; --json keeps every figure; a GPU has no measured
+    time constants, so it gets memory alone."""
+    runs = {}
+    for ranks, nodes in ((1, 1), (8, 1), (16, 2)):
+        code, out, err = cli("estimate", C8, "--ranks", str(ranks), "--nodes", str(nodes), "--num-samples", "64",
+                             "--json")
+        assert code == 0, err
+        runs[ranks] = json.loads(out)["quantize"]
+    one, eight = runs[1], runs[8]
+    assert eight["memory"]["activations"] == one["memory"]["activations"] / 8  # 64 samples: 8 per rank
+    assert eight["memory"]["hessians"] == one["memory"]["hessians"]  # pooled: every rank holds them whole
+    if one["seconds"] is not None:
+        assert eight["per_layer"]["calibration"] == pytest.approx(one["per_layer"]["calibration"] / 8)
+        assert runs[16]["link"] == "ib100"
+    code, out, err = cli("estimate", C8, "--device", "h100", "--ranks", "8", "--json")
+    assert code == 0 and json.loads(out)["quantize"]["seconds"] is None
+    code, _, err = cli("estimate", C8, "--ranks", "8")
+    assert code == 0 and "quantise (gptq" in err and "peak memory per rank" in err
+    for bad, msg in ((["--ranks", "3", "--nodes", "2"], "share evenly"), (["--device", "tpu"], "unknown device"),
+                     (["--method", "awq"], "modelled for --method"), (["--ranks", "200"], "cannot be shared")):
+        code, _, err = cli("estimate", C8, *bad)
+        assert code == 2 and msg in err, err

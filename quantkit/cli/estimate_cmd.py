@@ -19,6 +19,12 @@ def estimate(
     batch: int = typer.Option(1, "--batch", help="Sequences decoded together."),
     kv_dtype: str = typer.Option("bf16", "--kv-dtype", help="KV cache dtype: bf16, fp16 or fp8."),
     group_size: int = typer.Option(128, "--group-size", help="int4 group size (one 16-bit scale per group)."),
+    method: str = typer.Option("gptq", "--method", help="Quantisation run to time: gptq or rtn."),
+    ranks: int = typer.Option(1, "--ranks", help="Processes the run is shared by (torchrun --nproc-per-node x --nnodes)."),
+    nodes: int = typer.Option(1, "--nodes", help="Machines the ranks are spread over (100 Gb/s-class links between them)."),
+    device: str = typer.Option("cpu", "--device", help="Where each rank quantises: cpu (measured costs) or a --gpu name (memory only)."),
+    num_samples: int = typer.Option(128, "--num-samples", help="Calibration samples of the run."),
+    seq_len: int = typer.Option(512, "--seq-len", help="Tokens per calibration sample."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON on stdout."),
 ):
     """Weight bytes, KV bytes, GPUs needed and bandwidth-bound decode tokens/s, per precision.
@@ -28,9 +34,12 @@ def estimate(
     from rich.table import Table
 
     from ..evaluate.estimate import estimate as run, load_config
+    from ..evaluate.run_cost import quantize_estimate
 
     precisions = [p.strip().lower() for p in precision.split(",") if p.strip()]
-    result = run(load_config(model), gpu, precisions, context, batch, kv_dtype.lower(), group_size)
+    cfg = load_config(model)
+    result = run(cfg, gpu, precisions, context, batch, kv_dtype.lower(), group_size)
+    result["quantize"] = quantize_estimate(cfg, method.lower(), num_samples, seq_len, ranks, nodes, device.lower())
     if as_json:
         emit_json(result)
         return
@@ -45,6 +54,16 @@ def estimate(
                   "-" if r["prefill_tokens_per_s"] is None
                   else f"{r['prefill_tokens_per_s']:.0f} ({r['prefill_compute']})")
     console.print(t)
+    _print_run(result["quantize"])
     console.print(f"[dim]upper bounds: decode reads all weights and the KV cache once per step; "
                   f"{result['usable_fraction']:.0%} of each GPU's memory counted as usable; prefill at the datasheet "
                   f"tensor-core peak of the type the products run in[/]")
+
+
+def _print_run(q: dict) -> None:
+    mem = q["memory"]
+    parts = ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k, v in mem.items() if k != "total")
+    time = "not measured for this device" if q["seconds"] is None else f"{q['seconds'] / 60:.1f} min"
+    console.print(f"quantise ({q['method']}, {q['samples']} x {q['seq_len']} tokens, {q['ranks']} rank(s) on "
+                  f"{q['nodes']} node(s), {q['device']}): about {time}; peak memory per rank {_gb(mem['total'])} "
+                  f"({parts})")
