@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 import tempfile
 import time
@@ -62,13 +61,15 @@ def perplexity(model, windows, fp8_kv: bool, ref: list | None = None,
     from quantkit.runtime.fp8_kv_cache import FP8KVCache
     from transformers import DynamicCache
 
-    nll, kl, count, kv_bytes, kv_tokens, out = 0.0, 0.0, 0, 0, 0, []
+    from quantkit.evaluate.perplexity import nll as token_nll, perplexity as ppl
+
+    total, kl, count, kv_bytes, kv_tokens, out = 0.0, 0.0, 0, 0, 0, []
     for i, ids in enumerate(windows):
         ids = ids.reshape(1, -1)
         cache = FP8KVCache.from_model(model) if fp8_kv else DynamicCache(config=model.config)
         logits = model(input_ids=ids, cache=cache, use_cache=True).logits.float()
         lp = torch.log_softmax(logits[0, :-1], -1)
-        nll -= float(lp.gather(-1, ids[0, 1:, None]).sum())
+        total += float(token_nll(lp, ids[0, 1:]).sum())
         count += lp.shape[0]
         if ref is not None:
             kl += float((ref[i].exp() * (ref[i] - lp)).sum())
@@ -76,7 +77,7 @@ def perplexity(model, windows, fp8_kv: bool, ref: list | None = None,
             out.append(lp)
         kv_bytes += sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
         kv_tokens += ids.shape[1]
-    return math.exp(nll / count), kv_bytes / kv_tokens, None if ref is None else kl / count, out
+    return ppl(total, count), kv_bytes / kv_tokens, None if ref is None else kl / count, out
 
 
 @contextlib.contextmanager
