@@ -1,0 +1,78 @@
+"""The GGUF container read back by another reader: transformers' GGUF loader (which dequantises with the
+`gguf` package and undoes llama.cpp's Q/K row interleave itself) rebuilds from our file exactly the weights
+quantkit decodes, the same config and the same tokenizer. A tiny Llama with a tiny byte-level BPE, 256 wide
+so the k-quants apply, 8 layers so the _M mixes' first/last-eighth rules pick different types."""
+import pytest
+import torch
+
+from quantkit.errors import UserError
+
+
+def _tiny_bpe(folder):
+    """A 600-token byte-level BPE trained on a few sentences: the same GPT-2 tokenizer structure SmolLM2's has,
+    without its 49152-row embedding to quantise."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(["Agnes took over the bakery on Mill Street in the autumn she turned thirty."] * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<|im_end|>")
+    fast.save_pretrained(folder)
+    return fast
+
+
+@pytest.fixture(scope="module")
+def tiny_src(tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    src = tmp_path_factory.mktemp("tiny")
+    tok = _tiny_bpe(src)
+    cfg = AutoConfig.for_model("llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                               num_key_value_heads=2, num_hidden_layers=8, vocab_size=len(tok),
+                               max_position_embeddings=512, tie_word_embeddings=True, rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            (p.normal_(0, 0.05) if p.dim() == 2 else p.uniform_(0.5, 1.5))
+    model.save_pretrained(src)
+    return src, model
+
+
+@pytest.mark.parametrize("scheme", ["q4_k_m", "q3_k_m"])
+def test_transformers_reads_back_exactly_our_decoded_weights(tiny_src, tmp_path, scheme):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quantkit.gguf_job import quantize_to_gguf
+
+    src, model = tiny_src
+    decoded: dict = {}
+    summary = quantize_to_gguf(str(src), str(tmp_path / "m.gguf"), scheme, decoded=decoded)
+    assert {"Q4_K", "Q6_K"} <= set(summary["types"]) if scheme == "q4_k_m" else {"Q3_K", "Q4_K", "Q5_K"} <= set(summary["types"])
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="m.gguf", dtype=torch.float32)
+    sd = back.state_dict()
+    assert decoded.keys() == {k for k, v in model.state_dict().items() if v.dim() == 2 and k != "lm_head.weight"}
+    for name, w in decoded.items():
+        assert torch.equal(sd[name], w), name
+        assert not torch.equal(w, model.state_dict()[name])  # rounded for real
+    for name, p in model.state_dict().items():  # norms travel in float32 unchanged
+        if p.dim() == 1:
+            assert torch.equal(sd[name], p), name
+    cfg = back.config
+    assert (cfg.num_key_value_heads, cfg.num_attention_heads, cfg.num_hidden_layers) == (2, 4, 8)
+    text = "Agnes took over the bakery in 1987, with 3 ovens and 12 loaves."
+    tok_back = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="m.gguf")
+    assert tok_back(text)["input_ids"] == AutoTokenizer.from_pretrained(src)(text)["input_ids"]
+
+
+def test_an_existing_output_needs_overwrite(tiny_src, tmp_path):
+    from quantkit.gguf_job import quantize_to_gguf
+
+    (tmp_path / "m.gguf").write_bytes(b"keep")
+    with pytest.raises(UserError, match="--overwrite"):
+        quantize_to_gguf(str(tiny_src[0]), str(tmp_path / "m.gguf"), "q8_0")
+    assert (tmp_path / "m.gguf").read_bytes() == b"keep"
