@@ -95,11 +95,16 @@ def quantize(
     set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP + " The fields are listed below."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="compressed-tensors (default) or gguf: one OUT.gguf file for llama.cpp, --scheme q4_k_m (default), q5_k_m, q3_k_m, q6_k, q8_0, q4_0 or q4_1; every type is solved by rtn (the block encoder's weighted scale search); gptq, awq and signround do not run on GGUF grids yet (docs/gguf.md)."),
 ):
-    """Quantise MODEL and write a compressed-tensors checkpoint to OUT.
+    """Quantise MODEL and write a compressed-tensors checkpoint to OUT (or a GGUF file with --format gguf).
 
     Example: quantkit quantize ./my-model -o ./my-model-w4 --scheme w4a16 --group-size 128 --set quant.gptq.damp=0.05
     """
+    if fmt not in (None, "compressed-tensors"):
+        from .gguf_option import run_gguf
+
+        return run_gguf(fmt, {k: v for k, v in locals().items() if k in FLAG_FIELDS or k in ("recipe", "set_")}, as_json)
     # every option named in FLAG_FIELDS, as given (None: "as the recipe says")
     flags = {k: v for k, v in locals().items() if k in FLAG_FIELDS}
     flags.update(overwrite=overwrite or None, ignore=list(ignore) if ignore else None)  # a plain switch; a list
