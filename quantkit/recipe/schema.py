@@ -7,7 +7,6 @@ docs/recipes.md is generated from them (python -m quantkit.recipe.docs).
 """
 from __future__ import annotations
 
-import warnings
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -15,7 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from ..solvers.awq_options import AWQOptions
 from ..solvers.gptq_options import GPTQOptions
-from ..solvers.options import StrictOptions
+from ..solvers.options import StrictOptions, renamed
 from ..solvers.signround_options import SignRoundOptions
 from ..solvers.smoothquant_options import SmoothQuantOptions
 from .gates import GATES
@@ -104,15 +103,7 @@ class QuantOptions(_WithGroupSize):
     @model_validator(mode="before")
     @classmethod
     def _old_smooth_alpha(cls, data):
-        # quant.smooth_alpha moved into SmoothQuant's own section; recipes written with it keep working a release
-        if isinstance(data, dict) and "smooth_alpha" in data:
-            warnings.warn("quant.smooth_alpha is now quant.smoothquant.alpha (same meaning); rename it",
-                          FutureWarning, stacklevel=2)
-            section = data.get("smoothquant")
-            section = section.model_dump() if isinstance(section, SmoothQuantOptions) else dict(section or {})
-            data = {k: v for k, v in data.items() if k != "smooth_alpha"} | {
-                "smoothquant": section | {"alpha": data["smooth_alpha"]}}
-        return data
+        return renamed(data, "smooth_alpha", "smoothquant.alpha", "quant")  # into SmoothQuant's own section
 
 
 

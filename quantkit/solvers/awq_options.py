@@ -2,12 +2,11 @@
 and AWQTransform (awq.py) reads it. Kept apart from the solver so reading a recipe never imports torch."""
 from __future__ import annotations
 
-import warnings
 from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .options import StrictOptions
+from .options import StrictOptions, renamed
 
 # 2048 tokens: the alpha search is most of AWQ's cost on a CPU (awq.py); bench/awq_quality.py --search-tokens
 # measures what a larger budget buys
@@ -44,9 +43,4 @@ class AWQOptions(StrictOptions):
     @model_validator(mode="before")
     @classmethod
     def _old_tolerance(cls, data):
-        # 'tolerance' hid what the knob does; recipes written with it keep working for one release
-        if isinstance(data, dict) and "tolerance" in data:
-            warnings.warn("quant.awq.tolerance is now quant.awq.min_gain (same meaning); rename it",
-                          FutureWarning, stacklevel=2)
-            data = {k: v for k, v in data.items() if k != "tolerance"} | {"min_gain": data["tolerance"]}
-        return data
+        return renamed(data, "tolerance", "min_gain", "quant.awq")  # 'tolerance' hid what the knob does
