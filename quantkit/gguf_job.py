@@ -58,7 +58,7 @@ def _weight(config, role: str, t: torch.Tensor) -> torch.Tensor:
 
 
 def _write_one(f, config, scheme: str, tied: bool, name: str, t: torch.Tensor, decoded: Optional[dict]) -> Optional[str]:
-    from .formats.gguf_blocks import decode, encode
+    from .formats.gguf_codec import decode, encode
 
     named = gguf_writer.gguf_name(name)
     if named is None:

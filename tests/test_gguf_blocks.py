@@ -8,7 +8,8 @@ from gguf.quants import dequantize as ref_dequantize
 from gguf.quants import quantize as ref_quantize
 
 from quantkit.errors import UserError
-from quantkit.formats.gguf_blocks import TYPES, decode, encode
+from quantkit.formats.gguf_blocks import TYPES
+from quantkit.formats.gguf_codec import decode, encode
 
 
 def _weight(rows=16, cols=512, seed=0):

@@ -1,5 +1,5 @@
-"""llama.cpp's block quantisation types: one record of codes and scales per type, its float decode, and
-`encode` (a float weight to the exact bytes llama.cpp reads) / `decode` (those codes back to floats).
+"""llama.cpp's block quantisation types: one record of codes and scales per type and its float decode
+(`gguf_codec.encode` turns a float weight into such a record and the exact bytes llama.cpp reads).
 
 A weight of shape (rows, cols) is cut along each row into blocks of `block` values (32 for the legacy
 types, 256 for the k-quants' super-blocks). `Blocks` keeps the chosen codes in the unsigned form llama.cpp
@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 
 
@@ -75,42 +74,3 @@ def dequantize(b: Blocks) -> torch.Tensor:
             m = m * b.mn.float().view(n, subs, 1)
         out = out + m if b.kind.name in ("Q4_1", "Q5_1") else out - m
     return out.reshape(n, k)
-
-
-def check_shape(kind: GGUFType, shape) -> None:
-    from ..errors import UserError
-
-    if len(shape) != 2 or shape[1] % kind.block:
-        raise UserError(f"{kind.name} needs a 2-D weight whose row length is a multiple of {kind.block}, got "
-                        f"shape {tuple(shape)}; pick a type with smaller blocks (q8_0, q4_0) for this tensor")
-
-
-def encode(weight: torch.Tensor, type_name: str, importance: Optional[torch.Tensor] = None) -> tuple[Blocks, np.ndarray]:
-    """Round `weight` (rows, cols) to `type_name`'s grid, minimising the squared error weighted by
-    `importance` (per column, or per element; default: plain squared error). Returns the codes and the
-    (rows, cols // block * nbytes) uint8 array llama.cpp reads."""
-    from .gguf_kquants import encode_kquant
-    from .gguf_legacy import encode_legacy
-    from .gguf_pack import pack
-
-    kind = TYPES[type_name]
-    check_shape(kind, weight.shape)
-    rows, cols = weight.shape
-    x = weight.detach().float().reshape(-1, kind.block)
-    w = torch.ones_like(x) if importance is None else importance.float().expand(rows, cols).reshape(-1, kind.block)
-    solve = encode_kquant if kind.block == 256 else encode_legacy
-    blocks = concat([solve(kind, x[i:i + _CHUNK], w[i:i + _CHUNK]) for i in range(0, x.shape[0], _CHUNK)])
-    return blocks, pack(blocks).reshape(rows, cols // kind.block * kind.nbytes)
-
-
-_CHUNK = 1 << 13  # blocks searched at once: bounds the per-candidate temporaries to a few MB
-
-
-def concat(parts: list[Blocks]) -> Blocks:
-    def cat(name):
-        return None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts])
-    return Blocks(parts[0].kind, cat("d"), cat("q"), cat("sc"), cat("dmin"), cat("mn"))
-
-
-def decode(blocks: Blocks, shape) -> torch.Tensor:
-    return dequantize(blocks).reshape(shape)
