@@ -24,7 +24,7 @@ LAYERS = [
     ["quantkit.recipe"],  # embeds each solver's own options model (solvers/*_options.py)
     ["quantkit.plan", "quantkit.auto_method"],
     ["quantkit.pipeline"],
-    ["quantkit.job"],
+    ["quantkit.job", "quantkit.gguf_job"],
     ["quantkit.runtime"],
     ["quantkit.drafts", "quantkit.open_model", "quantkit.evaluate", "quantkit.serve", "quantkit.inspect_ckpt",
      "quantkit.inspect_summary", "quantkit.verify_ckpt"],
