@@ -288,9 +288,26 @@ def _fit(one: dict, two: dict, shape, tokens: int) -> tuple[dict, dict]:
 def print_table(rows: list[dict]) -> None:
     cols = ("row", "processes", "calibration_s_per_layer", "allreduce_s_per_layer", "solve_s_per_layer", "layers_s")
     heads = ("run", "procs", "calib s/layer", "all-reduce s/layer", "solve+bcast s/layer", "all layers s")
-    print(" | ".join(heads))
+    print("| " + " | ".join(heads) + " |")
+    print("|" + "---|" * len(heads))
     for r in rows:
-        print(" | ".join(str(r.get(c, "")) for c in cols))
+        print("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+
+
+def report(result: dict) -> dict:
+    """Fit the per-layer constants to the two timed runs and model the larger runs (the rows of the table)."""
+    from quantkit.evaluate import run_cost
+    from quantkit.evaluate.estimate import shape_from_config
+
+    one, two = result["runs"]["one"], result["runs"]["two"]
+    shape = shape_from_config(result["config"])
+    full = shape_from_config({**result["config"], "num_hidden_layers": 30})
+    fitted, links = _fit(one, two, shape, result["samples"] * result["seq_len"])
+    links = {**run_cost.LINKS, **links, "none": float("inf")}
+    rows = [_measured_row(f"1 process, 2 threads ({shape.layers} layers)", one, _phases(one)),
+            _measured_row(f"2 processes (torchrun, gloo), 1 thread each ({shape.layers} layers)", two, _phases(two))]
+    rows += _modelled_rows(full, result["samples"], result["seq_len"], fitted["per_rank_1_thread"], links)
+    return {**result, "fitted": fitted, "links_bytes_per_s": links, "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -299,33 +316,31 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4, help="SmolLM2's first N decoder layers (of 30)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--refit", type=Path, help="redo the fit and the table from the runs saved in this result")
     a = ap.parse_args(argv)
-    from quantkit.evaluate import run_cost
-    from quantkit.evaluate.estimate import load_config, shape_from_config
-
-    load_before = _uptime()
-    with tempfile.TemporaryDirectory() as tmp:
-        model = _smollm2(Path(tmp), a.layers)
-        shape = shape_from_config(load_config(str(model)))
-        full = shape_from_config({**json.loads((model / "config.json").read_text()), "num_hidden_layers": 30})
-        calib = _calib_file(Path(tmp))
-        one = _run(1, 2, model, calib, a.samples, a.seq_len, Path(tmp))
-        two = _run(2, 1, model, calib, a.samples, a.seq_len, Path(tmp))
-    tokens = a.samples * a.seq_len
-    fitted, links = _fit(one, two, shape, tokens)
-    links = {**run_cost.LINKS, **links, "none": float("inf")}
-    rows = [_measured_row(f"1 process, 2 threads ({shape.layers} layers)", one, _phases(one)),
-            _measured_row(f"2 processes (torchrun, gloo), 1 thread each ({shape.layers} layers)", two, _phases(two))]
-    rows += _modelled_rows(full, a.samples, a.seq_len, fitted["per_rank_1_thread"], links)
-    result = {"machine": machine(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "command": "python bench/scaling.py " + " ".join(argv or []), "uptime_before": load_before,
-              "uptime_after": _uptime(), "model": f"SmolLM2-135M-Instruct (embedded), first {a.layers} of 30 layers", "method": "gptq w4a16",
-              "samples": a.samples, "seq_len": a.seq_len, "links_bytes_per_s": links, "fitted": fitted,
-              "rows": rows, "runs": {"one": one, "two": two}}
+    if a.refit:
+        result = report(json.loads(a.refit.read_text()))
+    else:
+        load_before = _uptime()
+        with tempfile.TemporaryDirectory() as tmp:
+            model = _smollm2(Path(tmp), a.layers)
+            calib = _calib_file(Path(tmp))
+            one = _run(1, 2, model, calib, a.samples, a.seq_len, Path(tmp))
+            two = _run(2, 1, model, calib, a.samples, a.seq_len, Path(tmp))
+            config = json.loads((model / "config.json").read_text())
+        result = {"machine": machine(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                  "command": "python bench/scaling.py " + " ".join(argv or []), "uptime_before": load_before,
+                  "uptime_after": _uptime(), "model": f"SmolLM2-135M-Instruct (embedded), first {a.layers} of 30 "
+                  "layers", "method": "gptq w4a16", "samples": a.samples, "seq_len": a.seq_len, "config": config,
+                  "runs": {"one": one, "two": two}}
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1))  # the runs are kept even if the fit below fails
+        result = report(result)
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(result, indent=1, default=str))
-    print_table(rows)
-    print(f"machine: {result['machine']['cpu']}; {result['date']}; load {load_before} -> {result['uptime_after']}")
+    a.out.write_text(json.dumps(result, indent=1))
+    print_table(result["rows"])
+    print(f"machine: {result['machine']['cpu']}; {result['date']}; load {result['uptime_before']} -> "
+          f"{result['uptime_after']}")
     return result
 
 

@@ -30,6 +30,7 @@ MEASURED = {
         "forward_s": 0.0,  # seconds per token per decoder-layer parameter in one forward pass
         "hessian_s": 0.0,  # seconds per token per in^2, summed over a layer's calibrated Linears
         "solve_s": 0.0,  # GPTQ seconds per in^2 x out of one Linear (the held-out guard's checks included)
+        "column_s": 0.0,  # GPTQ seconds per input column (its column loop's steps, whatever the rows)
         "rtn_s": 0.0,  # round-to-nearest seconds per weight
         "load_s": 0.0,  # seconds per decoder-layer parameter to read a layer from disk
     },
@@ -77,11 +78,18 @@ def solve_costs(s: Shape, method: str) -> list[float]:
     return [float(lin.inp * lin.inp * lin.out if method == "gptq" else lin.inp * lin.out) for lin in layer_linears(s)]
 
 
-def makespan(costs: list[float], ranks: int) -> float:
-    """The most loaded process's sum when distributed.owners deals COSTS to RANKS processes."""
+def solve_seconds(lin: Linear, method: str, c: dict) -> float:
+    if method == "gptq":
+        return c["solve_s"] * lin.inp ** 2 * lin.out + c["column_s"] * lin.inp
+    return c["rtn_s"] * lin.inp * lin.out
+
+
+def makespan(costs: list[float], ranks: int, seconds: list[float] | None = None) -> float:
+    """The most loaded process's time when distributed.owners deals the jobs by COSTS to RANKS processes; each
+    job takes SECONDS (default: its cost)."""
     load = [0.0] * ranks
-    for c, r in zip(costs, distributed.owners(costs, ranks)):
-        load[r] += c
+    for t, r in zip(seconds or costs, distributed.owners(costs, ranks)):
+        load[r] += t
     return max(load)
 
 
@@ -107,10 +115,9 @@ def layer_time(s: Shape, method: str, samples: int, seq_len: int, ranks: int, c:
         t["calibration"] = tokens * (c["forward_s"] * layer_params(s) * forward_passes(s) + c["hessian_s"] * in2)
         copies = 2 if holdout else 1
         t["allreduce"] = _ring(4 * in2 * copies, ranks, len(lins) * copies, bandwidth)
-        t["solve"] = c["solve_s"] * makespan(solve_costs(s, method), ranks)
     else:  # round-to-nearest reads no activations
         t["calibration"] = 0.0
-        t["solve"] = c["rtn_s"] * makespan(solve_costs(s, method), ranks)
+    t["solve"] = makespan(solve_costs(s, method), ranks, [solve_seconds(lin, method, c) for lin in lins])
     if ranks > 1:
         t["broadcast"] = sum(result_bytes(lin) for lin in lins) / bandwidth + len(lins) * LATENCY_S
     t["total"] = sum(t.values())
@@ -189,7 +196,24 @@ def fit_constants(phases: dict, ranks: list[dict], s: Shape, tokens: int) -> dic
     n = len(phases["calibration"])
     in2 = sum(lin.inp ** 2 for lin in layer_linears(s))
     fwd = sum(phases["calibration"]) - sum(phases["hessian"])
-    solved = [lin for r in ranks for lin in r["linears"]]
-    return {"forward_s": fwd / (n * tokens * layer_params(s) * forward_passes(s)), "hessian_s": sum(phases["hessian"]) / (n * tokens * in2),
-            "solve_s": sum(x["seconds"] for x in solved) / sum(x["in"] ** 2 * x["out"] for x in solved),
+    solve_s, column_s = fit_solve([(x["out"], x["in"], x["seconds"]) for r in ranks for x in r["linears"]])
+    return {"forward_s": fwd / (n * tokens * layer_params(s) * forward_passes(s)),
+            "hessian_s": sum(phases["hessian"]) / (n * tokens * in2), "solve_s": solve_s, "column_s": column_s,
             "load_s": sum(phases["load"]) / (n * layer_params(s)), "rtn_s": 0.0}
+
+
+def fit_solve(timed: list[tuple[int, int, float]]) -> tuple[float, float]:
+    """solve_s and column_s by least squares over (out, in, seconds) of solved Linears, neither below zero."""
+    import torch
+
+    a = torch.tensor([[float(i * i * o), float(i)] for o, i, _ in timed], dtype=torch.float64)
+    y = torch.tensor([t for _, _, t in timed], dtype=torch.float64)
+    scale = a.abs().max(0).values
+    x = torch.linalg.lstsq(a / scale, y[:, None]).solution[:, 0] / scale
+    if (x < 0).any():  # one term alone explains it: keep the one that fits better
+        fits = [(float((y * a[:, k]).sum() / (a[:, k] ** 2).sum()), k) for k in (0, 1)]
+        err = [float(((a[:, k] * f - y) ** 2).sum()) for f, k in fits]
+        f, k = fits[err.index(min(err))]
+        x = torch.zeros(2, dtype=torch.float64)
+        x[k] = f
+    return float(x[0]), float(x[1])
