@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 
+import torch
 from torch import nn
 
+from .. import distributed
 from ..models.moe import UnfusedExperts
 
 _EXPERT_INDEX = re.compile(r"\.experts\.\d+\.")
@@ -43,10 +45,14 @@ def expert_linears(layer: nn.Module) -> dict[nn.Module, tuple[UnfusedExperts, in
 
 class ExpertFeed:
     """Around one stage's feeding: counts the tokens routed to each expert (reset first, so the counts are one
-    pass over the samples) and, with calibrate_all, runs every expert on every token while it feeds."""
+    pass over the samples) and, with calibrate_all, runs every expert on every token while it feeds. With
+    several ranks each counted its share of the samples; the counts are summed, so every rank (and quantkit.json)
+    has what one process feeding every sample counts."""
 
     def __init__(self, stage: list[nn.Module], experts: dict, calibrate_all: bool):
-        self.owners = {experts[m][0] for m in stage if m in experts}
+        # in stage order, which every rank shares: the counts are pooled in one tensor, in this order
+        self.owners = list(dict.fromkeys(experts[m][0] for m in stage if m in experts))
+        self.device = stage[0].weight.device if stage else None
         self.calibrate_all = calibrate_all
 
     def __enter__(self):
@@ -55,7 +61,12 @@ class ExpertFeed:
             o.calibrate_all = self.calibrate_all
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
         for o in self.owners:
             o.calibrate_all = False
+        if exc_type is None and self.owners and distributed.active():
+            # on the layer's device: NCCL reduces CUDA tensors only
+            counts = distributed.Pool.sum(torch.cat([o.routed for o in self.owners]).to(self.device))
+            for o, c in zip(self.owners, counts.cpu().split([len(o.routed) for o in self.owners])):
+                o.routed.copy_(c)
         return False
