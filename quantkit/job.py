@@ -52,15 +52,13 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
     """(model, tokenizer, source, LazyWeights or None, plan): layer-by-layer loading unless only a full load works."""
     from .models.hf import load_float_model
     from .models.lazy import open_lazy
-    from .models.moe import unfusable, unfuse_experts
+    from .models.moe import unfuse_experts
 
     # A CPU has no fast float16/bfloat16 matmul (calibration passes ran 13x slower in float16 than in float32 on
     # SmolLM2), so the model computes in float32 there; the checkpoint is still written in the storage dtype.
     compute = "float32" if recipe.device == "cpu" else recipe.dtype
     opened = open_lazy(str(folder), compute) if lazy else None
     plan = None
-    if opened is not None and any(unfusable(m) for m in opened[0].modules()):
-        opened = None  # fused experts are split into Linears on a loaded model (models/moe.py)
     if opened is not None:
         model, tok, src, weights = opened
         plan = build_plan(model, recipe, storage, _weight_reader(model, weights))
