@@ -12,14 +12,14 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "quantkit"
 
-# Lowest first. A module may import its own layer or lower ones. The longest matching prefix wins, so a
-# module can sit below the rest of its package (pipeline.capture is what AWQ's block search runs).
+# Lowest first. A module may import its own layer or lower ones; a module belongs to the longest prefix that
+# matches it. No exceptions: every package sits whole in one layer.
 LAYERS = [
     ["quantkit.version", "quantkit.errors", "quantkit.e4m3", "quantkit.fp4", "quantkit.schemes", "quantkit.qweight",
      "quantkit.targets", "quantkit.shipped", "quantkit.distributed", "quantkit.dtypes", "quantkit.devices"],
     ["quantkit.formats"],
     ["quantkit.kernels"],
-    ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.pipeline.capture"],
+    ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.capture"],
     ["quantkit.solvers"],
     ["quantkit.recipe"],  # embeds each solver's own options model (solvers/*_options.py)
     ["quantkit.plan", "quantkit.auto_method"],
@@ -125,6 +125,13 @@ def _cycles(graph) -> list[list[str]]:
 def test_every_module_has_a_layer():
     for m in MODULES:
         rank(m)
+
+
+def test_no_package_is_split_across_layers():
+    """An entry naming a module inside a package (as pipeline.capture once was) would put part of a folder in
+    another layer than the rest: a folder's layer is what docs/ARCHITECTURE.md promises for all of it."""
+    split = [p for p in RANK if p.count(".") > 1]
+    assert not split, f"layer entries inside a package: {split}; move the module to a folder of its layer"
 
 
 def test_no_import_runs_upward():

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from quantkit.pipeline import capture
+from quantkit.capture import layer as capture
 from quantkit.errors import UserError
 from quantkit.models.hf import decoder_layers
 from quantkit.pipeline import quantize_model
@@ -178,7 +178,7 @@ def test_alpha_search_against_a_float64_brute_force(min_gain):
     with torch.no_grad():  # a few intermediate channels 15x larger: down_proj's input has outlier channels
         model.model.layers[0].mlp.up_proj.weight[[5, 40, 99]] *= 15
     plan = build_plan(model, Recipe.model_validate({"quant": {"method": "awq"}}))
-    opts = plan.awq.model_copy(update={"holdout": 0.0, "clip": False,
+    opts = plan.awq.model_copy(update={"clip": False,
                                        **({} if min_gain is None else {"min_gain": min_gain})})
     layer = decoder_layers(model)[1][0]
     down = layer.mlp.down_proj
@@ -206,7 +206,7 @@ def test_alpha_search_against_a_float64_brute_force(min_gain):
     best, gain, tol = min(errs), opts.min_gain, 1e-3
     names = {m: n for n, m in model.named_modules()}
     targets = {m: (names[m], plan.schemes[names[m]]) for m in layer.modules() if isinstance(m, nn.Linear)}
-    stats = AWQTransform(model, opts, sd).apply(0, layer, inputs, targets)["stats"][name]
+    stats = AWQTransform(model, opts, sd, holdout=0.0).apply(0, layer, inputs, targets)["stats"][name]
     k = min(range(len(grid)), key=lambda i: abs(grid[i] - stats["awq_alpha"]))
     assert errs[k] <= best * (1 + gain) * (1 + tol), (stats["awq_alpha"], errs)
     assert all(e > best * (1 + gain) * (1 - tol) for e in errs[:k]), (stats["awq_alpha"], errs)
@@ -367,7 +367,7 @@ def test_awq_search_runs_on_every_mapped_architecture(arch):
     model.get_input_embeddings().weight.data[:, :2] *= 20
     calib = [torch.randint(0, 128, (16,), generator=torch.Generator().manual_seed(i)) for i in range(2)]
     # no hold-out: this checks the search itself (the guard may drop its choices; tested on its own)
-    r = Recipe.model_validate({"quant": {"method": "awq", "group_size": 32, "awq": {"holdout": 0}}})
+    r = Recipe.model_validate({"quant": {"method": "awq", "group_size": 32, }, "calibration": {"holdout": 0}})
     res = quantize_model(model, build_plan(model, r), calib)
     arch_map = map_for(model.config)
     scaled = [f"{p}.{n}" for p in (decoder_layers(model)[0] + ".0", decoder_layers(model)[0] + ".1")

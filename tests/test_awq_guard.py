@@ -4,28 +4,13 @@ import torch
 
 from test_awq import tiny_model
 from quantkit.models.hf import decoder_layers
-from quantkit.pipeline import capture
+from quantkit.capture import layer as capture
 from quantkit.schemes import Scheme
 from quantkit.solvers.awq_clip import clip_error
-from quantkit.solvers.awq_guard import guard_clip, scale_guard, split_holdout
+from quantkit.solvers.awq_guard import guard_clip, scale_guard
 from quantkit.solvers.awq_maps import map_for
 
 W4 = Scheme("w4a16", 4, "int", True, 32)
-
-
-def _inputs(n):
-    return capture.LayerInputs([torch.randn(1, 8, 64) for _ in range(n)], [{} for _ in range(n)])
-
-
-def test_split_holdout_takes_whole_samples_from_the_end():
-    inp = _inputs(10)
-    search, hold = split_holdout(inp, 0.2)
-    assert len(search.hidden) == 8 and len(hold.hidden) == 2 and hold.hidden[0] is inp.hidden[8]
-    assert split_holdout(inp, 0.0) == (inp, None)
-    assert split_holdout(_inputs(1), 0.5)[1] is None  # one sample: nothing can be held out
-    s, h = split_holdout(_inputs(3), 0.99)
-    assert len(s.hidden) == 1 and len(h.hidden) == 2  # never every sample
-    assert len(split_holdout(_inputs(4), 0.01)[1].hidden) == 1  # a positive share holds out at least one
 
 
 def test_guard_clip_undoes_exactly_the_clips_that_hurt_on_held_out_inputs():

@@ -21,17 +21,18 @@ SAMPLES = {
     "quant.clip_search": ("true", True), "quant.kv_cache": ("fp8", "fp8"), "quant.smooth": ("true", True),
     "quant.smoothquant.alpha": ("0.5", 0.5),
     "quant.gptq.damp": ("0.05", 0.05), "quant.gptq.block_size": ("64", 64), "quant.gptq.actorder": ("off", "off"),
-    "quant.gptq.static_groups": ("false", False), "quant.gptq.holdout": ("0.2", 0.2),
+    "quant.gptq.static_groups": ("false", False),
     "quant.awq.grid": ("7", 7), "quant.awq.duo": ("true", True), "quant.awq.clip": ("false", False),
     "quant.awq.search_tokens": ("512", 512), "quant.awq.fallback": ("rtn", "rtn"), "quant.awq.min_gain": ("0.05", 0.05),
-    "quant.awq.holdout": ("0.1", 0.1), "quant.awq.clip_prior_tokens": ("0", 0),
+    "quant.awq.clip_prior_tokens": ("0", 0),
     "quant.signround.iters": ("8", 8), "quant.signround.lr": ("0.1", 0.1), "quant.signround.batch": ("4", 4),
-    "quant.signround.clip": ("false", False), "quant.signround.holdout": ("0.25", 0.25),
+    "quant.signround.clip": ("false", False),
     "quant.moe.calibrate_all_experts": ("true", True), "quant.moe.min_tokens": ("4", 4),
     "calibration.spec": ("wikitext2", "wikitext2"), "calibration.num_samples": ("16", 16),
     "calibration.seq_len": ("64", 64), "calibration.seed": ("3", 3), "calibration.cut": ("document", "document"),
     "calibration.text_field": ("body", "body"), "calibration.min_tokens": ("8", 8),
 }
+    "calibration.holdout": ("0.3", 0.3),
 RUN_ONLY = ("eval", "draft")  # read by `quantkit run` (evaluation, draft training), refused by quantize
 
 

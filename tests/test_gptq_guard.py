@@ -7,7 +7,7 @@ from quantkit.pipeline import quantize_model
 from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.schemes import Scheme
-from quantkit.solvers.base import SolveOptions, held_out_count
+from quantkit.solvers.base import SolveOptions
 from quantkit.solvers.gptq import GPTQSolver, gptq_quantize
 from quantkit.solvers.gptq_options import GPTQOptions
 from quantkit.solvers.gptq_guard import choose
@@ -15,7 +15,7 @@ from quantkit.solvers.rtn import rtn_quantize
 
 W4 = Scheme("w4a16", 4, "int", True, 32)
 OPTS = SolveOptions(scale_dtype=torch.float32)
-GPTQ = GPTQOptions(actorder="weight", holdout=0.2)
+GPTQ = GPTQOptions(actorder="weight")
 
 
 def _err64(w, deq, H):
@@ -73,11 +73,6 @@ def _expected(w, search, hold):
     return label, errors, refit.dequantize()
 
 
-def test_held_out_count_is_the_one_rule_every_guard_uses():
-    assert [held_out_count(n, 0.2) for n in (0, 1, 2, 5, 10, 128)] == [0, 0, 1, 1, 2, 26]
-    assert held_out_count(3, 0.99) == 2 and held_out_count(10, 0.0) == 0 and held_out_count(4, 0.01) == 1
-
-
 def test_choose_keeps_the_lowest_held_out_error_measured_in_float64():
     gen = torch.Generator().manual_seed(3)
     w = torch.randn(32, 64, generator=gen)
@@ -130,8 +125,8 @@ def test_pipeline_sends_the_last_samples_to_the_guard():
     samples = [torch.randint(0, 128, (1, 16), generator=torch.Generator().manual_seed(i)) for i in range(5)]
 
     def stats(holdout):
-        recipe = Recipe.model_validate({"quant": {"method": "gptq", "group_size": 32,
-                                                  "gptq": {"holdout": holdout}}})
+        recipe = Recipe.model_validate({"quant": {"method": "gptq", "group_size": 32},
+                                        "calibration": {"holdout": holdout}})
         m = tiny_model("llama", layers=1)
         return quantize_model(m, build_plan(m, recipe), samples).stats["model.layers.0.mlp.down_proj"]
 

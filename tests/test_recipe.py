@@ -256,17 +256,18 @@ def test_fp8_gptq_keeps_column_order_under_the_default():
 
 
 def test_guards_and_awq_min_gain_default_to_the_measured_settings():
-    """docs/benchmarks.md, "Across domains": AWQ keeps the mildest alpha within 5% of the best and checks its
-    choices on 20% of the samples; GPTQ checks act-order and itself against RTN on 10%; each can be turned off."""
+    """docs/benchmarks-history.md, "Across domains": AWQ keeps the mildest alpha within 10% of the best; every
+    guard (GPTQ's act-order/RTN check, AWQ's, learned rounding's) judges on the last 10% of the calibration
+    samples (GPTQ's measured share); each can be turned off."""
     from quantkit.plan import build_plan
     from quantkit.recipe import Recipe, apply_overrides
     from helpers import tiny_model
 
-    q = Recipe().quant
-    assert (q.awq.min_gain, q.awq.holdout, q.gptq.holdout) == (0.1, 0.2, 0.1)
-    r = apply_overrides(Recipe(), {"quant.method": "awq+gptq", "quant.gptq.holdout": 0, "quant.awq.min_gain": 0})
+    r = Recipe()
+    assert (r.quant.awq.min_gain, r.calibration.holdout) == (0.1, 0.1)
+    r = apply_overrides(Recipe(), {"quant.method": "awq+gptq", "calibration.holdout": 0, "quant.awq.min_gain": 0})
     plan = build_plan(tiny_model("llama"), r)
-    assert plan.awq.min_gain == 0 and plan.gptq.holdout == 0
+    assert plan.awq.min_gain == 0 and plan.recipe.calibration.holdout == 0
 
 
 def test_awq_tolerance_is_an_old_name_for_min_gain(tmp_path):

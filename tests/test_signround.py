@@ -14,12 +14,13 @@ from test_data_support import SAMPLE, tiny_tokenizer
 import quantkit
 from quantkit.data import load_calibration
 from quantkit.models.hf import load_float_model
-from quantkit.pipeline import capture, quantize_model
+from quantkit.capture import layer as capture
+from quantkit.pipeline import quantize_model
 from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.schemes import get_scheme
 from quantkit.solvers.rtn import rtn_quantize
-from quantkit.solvers.signround import SignRoundTransform, split_samples
+from quantkit.solvers.signround import SignRoundTransform
 from quantkit.solvers.signround_options import SignRoundOptions
 from quantkit.solvers.signround_quant import LearnedRounding
 
@@ -106,7 +107,7 @@ def _loss64(layer, inputs, i, weights) -> float:
 @pytest.mark.parametrize("descent", ["as shipped", "fitted to the held-out sample", "far worse than RTN"])
 def test_guard_keeps_learned_rounding_only_where_it_beats_rtn_on_the_held_out_sample(monkeypatch, descent):
     """The held-out verdict against losses computed here in float64: the learned weights are snapshotted when
-    the descent ends, RTN's come from rtn_quantize, and the held-out sample (the last of 8 at holdout 0.125) is
+    the descent ends, RTN's come from rtn_quantize, and the held-out sample (the last of 8 at the default hold-out) is
     run through a float64 copy of the layer. Three descents give both verdicts: the real one, one stepped on
     the held-out sample itself (it must win there), and one that rounds every weight up and halves every clip
     range (it must lose)."""
@@ -151,12 +152,6 @@ def test_guard_keeps_learned_rounding_only_where_it_beats_rtn_on_the_held_out_sa
     if descent == "as shipped":  # and the descent itself lowers the training loss from RTN's
         assert stats["signround_final_loss"] < 0.8 * stats["signround_initial_loss"]
         assert stats["signround_heldout_samples"] == 1 and 0 < stats["signround_mean_abs_v"] <= 0.5
-
-
-def test_split_keeps_held_out_samples_apart():
-    assert split_samples(32, 0.125) == (list(range(28)), [28, 29, 30, 31])
-    assert split_samples(3, 0.01) == ([0, 1], [2])  # at least one held out
-    assert split_samples(1, 0.5) == ([0], [])
 
 
 def test_fallen_back_layers_get_rtn_codes(monkeypatch):

@@ -7,7 +7,8 @@ import torch
 
 from quantkit.errors import UserError
 from quantkit.models.hf import decoder_layers
-from quantkit.pipeline import capture, quantize_model
+from quantkit.capture import layer as capture
+from quantkit.pipeline import quantize_model
 from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.solvers.smoothquant import SmoothQuantTransform, fake_quantize_input, smooth_scales

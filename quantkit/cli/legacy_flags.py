@@ -13,13 +13,13 @@ from ..errors import UserError
 # flag taking a value -> the recipe field it sets
 VALUE_FLAGS = {
     "--damp": "quant.gptq.damp", "--block-size": "quant.gptq.block_size", "--actorder": "quant.gptq.actorder",
-    "--gptq-holdout": "quant.gptq.holdout", "--awq-grid": "quant.awq.grid",
+    "--gptq-holdout": "calibration.holdout", "--awq-grid": "quant.awq.grid",
     "--awq-search-tokens": "quant.awq.search_tokens", "--awq-fallback": "quant.awq.fallback",
-    "--awq-holdout": "quant.awq.holdout", "--awq-tolerance": "quant.awq.min_gain",
+    "--awq-holdout": "calibration.holdout", "--awq-tolerance": "quant.awq.min_gain",
     "--awq-clip-prior-tokens": "quant.awq.clip_prior_tokens", "--kv-cache": "quant.kv_cache",
     "--smooth-alpha": "quant.smoothquant.alpha", "--moe-min-tokens": "quant.moe.min_tokens",
     "--signround-iters": "quant.signround.iters", "--signround-lr": "quant.signround.lr",
-    "--signround-batch": "quant.signround.batch", "--signround-holdout": "quant.signround.holdout",
+    "--signround-batch": "quant.signround.batch", "--signround-holdout": "calibration.holdout",
     "--seed": "calibration.seed", "--calib-cut": "calibration.cut", "--text-field": "calibration.text_field",
     "--min-tokens": "calibration.min_tokens",
 }

@@ -1,6 +1,6 @@
 """Solve a model's planned Linears layer by layer, feeding each layer the previous layer's quantised output.
 
-Layers whose solvers read no activations are solved straight from their weights; otherwise capture.py records
+Layers whose solvers read no activations are solved straight from their weights; otherwise capture/ records
 each layer's inputs, the layer transforms (AWQ scaling, KV-scale observers) run, the Linears that read one
 tensor are fed together, and the quantised layer's output becomes the next layer's input (true sequential).
 """
@@ -17,8 +17,10 @@ from ..errors import UserError
 from ..models.hf import decoder_layers
 from ..plan import Plan
 from ..qweight import QWeight
-from ..solvers.base import LayerTransform, LinearSolver, Presolved, held_out_count, share_inputs
-from . import capture, stages
+from ..capture import holdout
+from ..capture import layer as capture
+from ..solvers.base import LayerTransform, LinearSolver, Presolved, share_inputs
+from . import stages
 from .progress import LayerProgress
 from .stream import LayerStream
 
@@ -42,11 +44,12 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
     if plan.awq is not None:
         from ..solvers.awq import AWQTransform
 
-        out.append(AWQTransform(model, plan.awq, plan.options.scale_dtype))
+        out.append(AWQTransform(model, plan.awq, plan.options.scale_dtype, plan.recipe.calibration.holdout))
     if plan.signround is not None:
         from ..solvers.signround import SignRoundTransform
 
-        out.append(SignRoundTransform(model, plan.signround, plan.options.scale_dtype))
+        out.append(SignRoundTransform(model, plan.signround, plan.options.scale_dtype,
+                                      plan.recipe.calibration.holdout))
     if plan.kv_scheme is not None:
         from ..solvers.kv_scales import KVScaleObserver
 
@@ -193,16 +196,14 @@ def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
         solvers = {m: solve.make(names[m]) for m in stage}
         fed = dict.fromkeys(stage, 0)
         if any(s.needs_data for s in solvers.values()):
-            # the last samples go to the solvers' held-out guards (gptq_guard.py), the same ones AWQ keeps out
-            # with several ranks the held-out samples are the same ones a single process would hold out
-            n_all = distributed.Pool.count(len(inputs.hidden))
-            held = held_out_count(n_all, max(s.holdout for s in solvers.values()))
+            # the calibration hold-out goes to the solvers' guards (gptq_guard.py): the samples AWQ keeps out
+            held = set(holdout.split(len(inputs.hidden), solve.plan.recipe.calibration.holdout)[1] or ())
             sample = [0]
 
             def sink(mod, x):
                 x = x.reshape(-1, x.shape[-1])
                 fed[mod] += x.shape[0]
-                if distributed.global_index(sample[0]) >= n_all - held:
+                if sample[0] in held:
                     solvers[mod].add_holdout(x)
                 else:
                     solvers[mod].add_batch(x)

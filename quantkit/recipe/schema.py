@@ -12,12 +12,14 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..capture.holdout import HOLDOUT
 from ..solvers.awq_options import AWQOptions
 from ..solvers.gptq_options import GPTQOptions
 from ..solvers.options import StrictOptions, renamed
 from ..solvers.signround_options import SignRoundOptions
 from ..solvers.smoothquant_options import SmoothQuantOptions
 from .gates import GATES
+from .holdout_alias import one_holdout
 
 Method = Literal["auto", "rtn", "gptq", "awq", "awq+gptq", "signround"]
 SchemeName = Literal["w4a16", "w8a16", "w3a16", "w2a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4", "nvfp4-a4"]
@@ -118,6 +120,12 @@ class CalibrationOptions(StrictOptions):
         "chunk", description="'chunk': concatenate and cut; 'document': one sample per document.")
     text_field: str = Field("text", description="Text field of JSON/CSV/parquet data.")
     min_tokens: int = Field(32, ge=1, description="Shortest document kept in 'document' mode.")
+    holdout: float = Field(HOLDOUT, ge=0, lt=1, description=(
+        "Share of the calibration samples (whole samples, the last ones) kept out of every fit to judge it: GPTQ "
+        "keeps whichever of itself, itself without act-order and RTN does best on them; AWQ drops a scale or clip "
+        "that loses to RTN there; learned rounding falls back to RTN on a layer that loses there (0: off). "
+        f"{HOLDOUT}: the share GPTQ's guard was measured with (docs/benchmarks-history.md, \"Across domains\"); "
+        "formerly quant.gptq/awq/signround.holdout."))
 
 
 class EvalOptions(StrictOptions):
@@ -180,6 +188,11 @@ class DraftOptions(StrictOptions):
 
 class Recipe(StrictOptions):
     """A whole quantisation run."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_holdout(cls, data):
+        return one_holdout(data)  # quant.<solver>.holdout, one share now (holdout_alias.py)
 
     description: str | None = Field(None, description="Free text saying what the recipe is for; not used.")
     model: str | None = Field(None, description="HF folder or hub id; empty = the embedded SmolLM2-135M.")

@@ -27,13 +27,14 @@ import warnings
 import torch
 from torch import nn
 
-from ..pipeline import capture
+from ..capture.holdout import HOLDOUT
+from ..capture.layer import feed_group, split_inputs
 from ..errors import UserError
 from ..schemes import Scheme, scale_dtype_for
 from .awq_clip import GramAccumulator, apply_clip, decorrelation, group_width, search_clip
 from .awq_fold import fold_scales, prev_width
 from .awq_block import _capture_group, _GroupData, quantised_error
-from .awq_guard import guard_clip, held_out_grams, scale_guard, split_holdout
+from .awq_guard import guard_clip, held_out_grams, scale_guard
 from .awq_maps import ArchMap, ScaleGroup, map_for, mapped_architectures
 from .awq_options import SEARCH_TOKENS, AWQOptions
 from .base import LayerTransform
@@ -86,12 +87,14 @@ class AWQTransform(LayerTransform):
     # quantkit.json keys: the chosen alpha, the block error with it and without scaling
     STAT_ALPHA, STAT_ERROR, STAT_BASE = "awq_alpha", "awq_block_error", "rtn_block_error"
 
-    def __init__(self, model, options: AWQOptions | None = None, scale_dtype: torch.dtype | None = None):
+    def __init__(self, model, options: AWQOptions | None = None, scale_dtype: torch.dtype | None = None,
+                 holdout: float = HOLDOUT):
+        """holdout: recipe calibration.holdout, the share of samples kept out of the search to check its choices
+        (awq_guard.py)."""
         o = options or AWQOptions()
         super().__init__(model, o)
         self.grid, self.duo, self.clip, self.min_gain = o.grid, o.duo, o.clip, o.min_gain
-        # holdout: share of calibration samples kept out of the search to check its choices (awq_guard.py)
-        self.search_tokens, self.holdout, self.clip_prior = o.search_tokens, o.holdout, o.clip_prior_tokens
+        self.search_tokens, self.holdout, self.clip_prior = o.search_tokens, holdout, o.clip_prior_tokens
         # the dtype the checkpoint stores scales in (the plan's rule); None: the layer's own, float16 for float32
         self.scale_dtype = scale_dtype
         cfg = model.config
@@ -115,7 +118,7 @@ class AWQTransform(LayerTransform):
             if mod in targets:
                 by_rel[name] = targets[mod]
         stats: dict[str, dict] = {}
-        search, hold = split_holdout(inputs, self.holdout)
+        search, hold = split_inputs(inputs, self.holdout)
         for group in self.arch.groups:
             self._scale(layer, group, search, hold, by_rel, stats)
         if self.clip:
@@ -186,7 +189,7 @@ class AWQTransform(LayerTransform):
             return
         grams = {m: GramAccumulator(m.in_features, group_width(sch, m.in_features), m.weight.device)
                  for m, (_, _, sch) in todo.items()}
-        capture.feed_group(layer, list(todo), inputs, lambda m, x: grams[m].add(x))
+        feed_group(layer, list(todo), inputs, lambda m, x: grams[m].add(x))
         grams = {m: g.pooled() for m, g in grams.items()}
         held = held_out_grams(layer, todo, hold)
         for m, (_, full, sch) in todo.items():

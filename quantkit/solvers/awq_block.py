@@ -9,14 +9,11 @@ import copy
 import torch
 from torch import nn
 
+from ..capture.layer import BlockCalls, feed_group
 from ..distributed import Pool
 from ..schemes import Scheme
 from .awq_maps import ScaleGroup
 from .rtn import rtn_quantize
-
-
-class _Stop(Exception):
-    pass
 
 
 def _float32(obj):
@@ -57,46 +54,23 @@ class _GroupData:
         return (self.abs_sum / max(self.tokens, 1)).float()
 
 
-def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, inputs, budget: int) -> _GroupData:
+def _capture_group(layer: nn.Module, block: nn.Module, first_linear: nn.Module, inputs,
+                   budget: int | None) -> _GroupData:
+    """One partial pass per sample (capture.feed_group): the block's calls on whole samples up to BUDGET tokens
+    (None: all), kept in float32, and mean|x|, max|x| of the first Linear's input over every sample."""
     data = _GroupData()
-    kept_tokens = 0
-    keep = False
 
-    def on_block(_mod, args, kwargs):
-        if keep:
-            data.calls.append((_float32(args), _float32(kwargs)))
-
-    def on_linear(_mod, args):
-        x = args[0].detach()
+    def on_linear(_mod, x):
         x = x.reshape(-1, x.shape[-1]).float()
         # summed in float64: the samples' order (one process, or ranks pooled) then leaves x_mean unchanged
         s, m = x.abs().sum(0, dtype=torch.float64), x.abs().amax(0)
         data.abs_sum = s if data.abs_sum is None else data.abs_sum + s
         data.abs_max = m if data.abs_max is None else torch.maximum(data.abs_max, m)
         data.tokens += x.shape[0]
-        raise _Stop
 
-    # pre-hooks run in registration order: the block's fires before its first Linear's even when they are one
-    handles = [block.register_forward_pre_hook(on_block, with_kwargs=True),
-               first_linear.register_forward_pre_hook(on_linear)]
-    try:
-        with torch.no_grad():
-            for j, (h, kw) in enumerate(zip(inputs.hidden, inputs.kwargs)):
-                tokens = h.numel() // h.shape[-1]
-                if Pool.active():  # the samples one process would keep (calibration samples are equally long)
-                    g = Pool.index(j)
-                    keep = g == 0 or (g + 1) * tokens <= budget
-                else:
-                    keep = not data.calls or kept_tokens + tokens <= budget
-                if keep:
-                    kept_tokens += tokens
-                try:
-                    layer(h, **kw)
-                except _Stop:
-                    pass
-    finally:
-        for hd in handles:
-            hd.remove()
+    calls = BlockCalls(block, budget, convert=_float32)
+    feed_group(layer, [first_linear], inputs, on_linear, block=calls)
+    data.calls = calls.calls
     return _pooled(data, first_linear)
 
 

@@ -2,42 +2,25 @@
 
 AWQ picks a scale per group and a clip per weight group by the error they leave on calibration text; with a
 few thousand tokens of one domain those choices can fit that text rather than the model (issue 23 measured AWQ
-losing to plain rounding on a held-back code model). So a share of the calibration samples (recipe
-quant.awq.holdout, whole samples, taken from the end) is kept out of the search and the clip's statistics,
-and each choice must not do worse there than its plain-RTN alternative: a scale that loses to s = 1 on the
-held-out samples is dropped (the group keeps RTN scales, recorded as awq_guard in quantkit.json), and each
+losing to plain rounding on a held-back code model). So the calibration hold-out (recipe calibration.holdout,
+whole samples from the end, capture/holdout.py: the ones GPTQ's guard judges on) is kept out of the search and
+the clip's statistics, and each choice must not do worse there than its plain-RTN alternative: a scale that
+loses to s = 1 on the held-out samples is dropped (the group keeps RTN scales, recorded as awq_guard in quantkit.json), and each
 weight group's clip that raises its held-out output error is undone (awq_clip_reverted counts them).
 """
 from __future__ import annotations
 
 import torch
 
-from ..distributed import Pool
-from ..pipeline import capture
+from ..capture.layer import feed_group
 from .awq_block import _capture_group, quantised_error
-from .base import held_out_count
 from .awq_clip import GramAccumulator, clip_error, group_width
-
-_ALL = 1 << 62  # no token budget: every held-out sample is scored
-
-
-def split_holdout(inputs, fraction: float):
-    """(search inputs, held-out inputs or None): the last round(n * fraction) samples, at least one when the
-    fraction is positive, and never all of them."""
-    n = len(inputs.hidden)
-    n_all = Pool.count(n)  # with several ranks: the same samples one process holds out, wherever they are
-    k = held_out_count(n_all, fraction)
-    if not k:
-        return inputs, None
-    cut = sum(1 for j in range(n) if Pool.index(j) < n_all - k)
-    return (capture.LayerInputs(inputs.hidden[:cut], inputs.kwargs[:cut]),
-            capture.LayerInputs(inputs.hidden[cut:], inputs.kwargs[cut:]))
 
 
 @torch.no_grad()
 def scale_guard(layer, block, group, linears: dict, quantised: dict, hold, s: torch.Tensor, scale_dtype):
     """None when scale s does at least as well as s = 1 on the held-out samples, else why it was dropped."""
-    data = _capture_group(layer, block, linears[group.linears[0]], hold, _ALL)
+    data = _capture_group(layer, block, linears[group.linears[0]], hold, None)  # every held-out sample
     if data.tokens == 0:  # pooled: a rank may hold none of the held-out samples while others do
         return None  # nothing held out reaches this group (an expert): nothing to judge by
     error, _ = quantised_error(block, group, linears, quantised, data, scale_dtype)
@@ -53,7 +36,7 @@ def held_out_grams(layer, todo: dict, hold) -> dict:
         return {}
     grams = {m: GramAccumulator(m.in_features, group_width(sch, m.in_features), m.weight.device)
              for m, (_, _, sch) in todo.items()}
-    capture.feed_group(layer, list(todo), hold, lambda m, x: grams[m].add(x))
+    feed_group(layer, list(todo), hold, lambda m, x: grams[m].add(x))
     return {m: g.pooled() for m, g in grams.items()}
 
 

@@ -33,8 +33,6 @@ class AWQOptions(StrictOptions):
     min_gain: float = Field(0.1, ge=0, lt=1, description="Least share by which a stronger scaling must lower the "
                             "block error against every milder one, no scaling (alpha 0) included; the mildest "
                             "alpha within this share of the best is kept (0: the best). Formerly 'tolerance'.")
-    holdout: float = Field(0.2, ge=0, lt=1, description="Share of calibration samples kept out of the search "
-                           "to check its choices: a scale or clip that loses to plain RTN there is dropped (0: off).")
     clip_prior_tokens: int = Field(CLIP_PRIOR_TOKENS, ge=0, description="The clip search drops prior / (prior + "
                                    "tokens) of each Gram block's off-diagonal part, tokens being those it was "
                                    "measured on: a few thousand tokens of one domain do not fit the clip to that "

@@ -34,7 +34,6 @@ class LinearSolver:
     """
 
     needs_data: bool = False
-    holdout: float = 0.0  # share of the calibration samples the pipeline sends to add_holdout instead
 
     def __init__(self, name: str, weight: torch.Tensor, scheme: Scheme, options: SolveOptions | None = None):
         self.name = name
@@ -65,14 +64,6 @@ def pooled_mean(mean: torch.Tensor, seen: int, pool) -> tuple[torch.Tensor, int]
         mean.mul_(seen / total)
         pool.sum(mean)
     return mean, total
-
-
-def held_out_count(samples: int, fraction: float) -> int:
-    """How many of the last calibration samples a guard keeps for judging: round(samples * fraction), at least
-    one when the fraction is positive, never all of them (and none from a single sample)."""
-    if fraction <= 0 or samples < 2:
-        return 0
-    return min(samples - 1, max(1, round(samples * fraction)))
 
 
 def share_inputs(solvers: list[LinearSolver]) -> None:

@@ -198,8 +198,8 @@ def _current_rows(Wt, E1, U, i1: int, i2: int, i: int, cols: torch.Tensor) -> to
 class GPTQSolver(LinearSolver):
     """Accumulates H = 2 X Xᵀ / n over every calibration token (a running mean, one matmul per batch), then solves.
 
-    gptq: GPTQOptions, its own knobs (actorder off falls back to scheme.actorder; holdout: the share of samples
-    the pipeline sends to add_holdout instead, to judge the solve, gptq_guard.py); options: what every solver
+    gptq: GPTQOptions, its own knobs (actorder off falls back to scheme.actorder; the calibration hold-out the
+    pipeline sends to add_holdout judges the solve, gptq_guard.py); options: what every solver
     shares (scale dtype, clip search). balance_tokens: every token enters H at unit RMS (base.py:
     unit_rms); on SmolLM2 it took GPTQ from 33/11/35% of the RTN gap on three held-out texts to 70/50/57%.
     """
@@ -216,7 +216,6 @@ class GPTQSolver(LinearSolver):
         self.H = torch.zeros(n, n, dtype=torch.float32, device=weight.device)
         self.tokens = 0
         self.gptq = gptq or GPTQOptions()
-        self.holdout = self.gptq.holdout
         self.H_hold, self.hold_tokens = None, 0
 
     def _accumulate(self, H: torch.Tensor, seen: int, x: torch.Tensor) -> int:
@@ -245,10 +244,10 @@ class GPTQSolver(LinearSolver):
 
     def reduce(self, pool) -> None:
         self.H, self.tokens = pooled_mean(self.H, self.tokens, pool)
-        if self.holdout > 0:  # every rank joins, whether or not its share held any samples out
-            held = self.H_hold if self.H_hold is not None else torch.zeros_like(self.H)
-            held, self.hold_tokens = pooled_mean(held, self.hold_tokens, pool)
-            self.H_hold = held if self.hold_tokens else None
+        # every rank joins, whether or not its share held any samples out (none anywhere: one count, no sum)
+        held = self.H_hold if self.H_hold is not None else torch.zeros_like(self.H)
+        held, self.hold_tokens = pooled_mean(held, self.hold_tokens, pool)
+        self.H_hold = held if self.hold_tokens else None
 
     def actorder(self) -> str | None:
         """'weight' or None (column order): the options' act-order, else the scheme's."""

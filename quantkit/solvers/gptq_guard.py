@@ -3,7 +3,7 @@
 GPTQ fits its codes to the Hessian of the calibration tokens; act-order (columns by decreasing Hessian
 diagonal) leans on that Hessian even more, since it decides which columns absorb everyone else's error. With one
 domain's text, what helps there can hurt elsewhere (issue 23 measured act-order closing 40-96% of the RTN gap
-depending on model and text). So the last share of the calibration samples (recipe quant.gptq.holdout) feeds a
+depending on model and text). So the calibration hold-out (recipe calibration.holdout, capture/holdout.py) feeds a
 second Hessian instead of the solve, and the solve's result is compared there with the alternatives it could
 have chosen: the same GPTQ without act-order, and plain rounding. The one with the lowest held-out output error
 is kept; when that is not the first choice, quantkit.json says which won and by how much (gptq_guard). A GPTQ

@@ -21,9 +21,6 @@ class GPTQOptions(StrictOptions):
         "weight", description="'weight': quantise columns by decreasing Hessian diagonal, groups kept in order "
                            "(no g_idx, loads everywhere). Integer schemes only; FP8 GPTQ keeps column order.")
     static_groups: bool = Field(True, description="Fix group scales before reordering (no g_idx with 'weight').")
-    holdout: float = Field(0.1, ge=0, lt=1, description="Share of calibration samples kept out of the Hessian to "
-                           "judge the result: each Linear keeps whichever of GPTQ as asked, GPTQ without "
-                           "act-order and plain RTN does best on them (0: off).")
 
     @field_validator("actorder", mode="before")
     @classmethod

@@ -4,10 +4,11 @@ group's clip factors, against the decoder layer's own float output, one layer at
 Per layer, every targeted integer Linear gets a LearnedRounding (signround_quant.py). A step runs `batch`
 calibration samples through a float32 copy of the layer whose Linears compute with their fake-quantised weights
 and moves every parameter by lr_t * sign(grad) of the output MSE, with lr_t decaying linearly to 0 over `iters`
-steps (the AutoRound paper's recipe: v in [-0.5, 0.5], clip factors in [0.5, 1], lr 1/iters). The last
-`holdout` share of the samples is never stepped on: the learned codes must beat plain RTN's block error there,
-or the layer falls back to RTN (recorded in quantkit.json). The accepted codes go to the pipeline as
-already-solved QWeights, so the writer packs exactly what was learned.
+steps (the AutoRound paper's recipe: v in [-0.5, 0.5], clip factors in [0.5, 1], lr 1/iters). The calibration
+hold-out (recipe calibration.holdout, the samples every guard judges on: capture/holdout.py) is never stepped
+on: the learned codes must beat plain RTN's block error there, or the layer falls back to RTN (recorded in
+quantkit.json). The accepted codes go to the pipeline as already-solved QWeights, so the writer packs exactly
+what was learned.
 
 Cost: iters x batch sample-passes through one layer, forward and backward (a step's samples run as one batch
 when they share their length), plus forward passes over the calibration samples for the reported losses. The
@@ -23,7 +24,8 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_map
 
 from ..schemes import Scheme
-from .base import LayerTransform, held_out_count
+from ..capture import holdout as calib_holdout
+from .base import LayerTransform
 from .signround_options import SignRoundOptions
 from .signround_quant import LearnedRounding
 
@@ -86,12 +88,6 @@ class _Block:
         return sum(float(self.loss([i], weights)) for i in idx) / max(len(idx), 1)
 
 
-def split_samples(n: int, holdout: float) -> tuple[list[int], list[int]]:
-    """(train, held-out) sample indices: the last round(n * holdout) samples held out, at least one when n >= 2."""
-    k = held_out_count(n, holdout)
-    return list(range(n - k)), list(range(n - k, n))
-
-
 def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr: float, batch: int,
                  seed: int = 0) -> None:
     """iters signed-gradient steps on the rounders' parameters, batch training samples per step; ends on the
@@ -120,10 +116,12 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
 class SignRoundTransform(LayerTransform):
     """Finds the codes of a layer's integer Linears and hands them over as {"solved": {name: QWeight}}."""
 
-    def __init__(self, model, options: SignRoundOptions | None = None, scale_dtype: torch.dtype | None = None):
+    def __init__(self, model, options: SignRoundOptions | None = None, scale_dtype: torch.dtype | None = None,
+                 holdout: float = calib_holdout.HOLDOUT):
+        """holdout: recipe calibration.holdout, the share of samples the descent never sees."""
         o = options or SignRoundOptions()
         super().__init__(model, o)
-        self.iters, self.batch, self.clip, self.holdout = o.iters, o.batch, o.clip, o.holdout
+        self.iters, self.batch, self.clip, self.holdout = o.iters, o.batch, o.clip, holdout
         self.lr = o.lr or 1.0 / self.iters
         self.scale_dtype = scale_dtype or torch.float16
 
@@ -135,7 +133,8 @@ class SignRoundTransform(LayerTransform):
         block = _Block(layer, inputs, list(learn))
         rounders = {p: LearnedRounding(block.work.get_submodule(p).weight, s, self.scale_dtype, self.clip)
                     for p, (_n, s) in learn.items()}
-        train, held = split_samples(len(block.hidden), self.holdout)
+        train, held = calib_holdout.split(len(block.hidden), self.holdout)
+        held = held or []
         judge = held or train  # one sample: nothing to hold out, the guard can only check the fit itself
         initial, rtn_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
         sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index)

@@ -16,6 +16,3 @@ class SignRoundOptions(StrictOptions):
     lr: float | None = Field(None, gt=0, description="Step size, decaying linearly to 0; empty = 1 / iters.")
     batch: int = Field(2, ge=1, description="Calibration samples per step.")
     clip: bool = Field(True, description="Also learn each group's clip factors for its max and min (in [0.5, 1]).")
-    holdout: float = Field(0.125, ge=0, lt=1, description="Share of the calibration samples kept out of the "
-                                                        "descent; a layer whose learned rounding loses to RTN "
-                                                        "on them is rounded (RTN) instead.")

@@ -1,9 +1,11 @@
-"""Layer-by-layer capture: run the model one decoder layer at a time over the calibration samples.
+"""Layer-by-layer capture: run the model one decoder layer at a time over the calibration samples, and hand
+over what a layer, a block inside it or a Linear is fed.
 
 Only the current layer is moved to the compute device; the rest stays where it was loaded (CPU, or disk when
 accelerate offloaded it). Each layer sees the outputs of the previous layer *after* that layer was quantised
 (true sequential), so errors are corrected downstream instead of compounding. Memory is one layer plus the
-calibration activations.
+calibration activations. A pass stops as soon as everything asked for has been seen (_Stop), so feeding the
+first Linears of a layer costs a fraction of the layer.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..distributed import Pool
 from ..errors import UserError
+from . import holdout
 
 
 class _Stop(Exception):
@@ -25,17 +29,14 @@ class LayerInputs:
     hidden: list[torch.Tensor]  # one [1, T, H] per sample
     kwargs: list[dict]  # the keyword arguments the model passed to the layer, per sample
 
+    def take(self, idx: list[int]) -> "LayerInputs":
+        return LayerInputs([self.hidden[j] for j in idx], [self.kwargs[j] for j in idx])
 
-def _to(obj, device):
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, tuple):
-        return tuple(_to(o, device) for o in obj)
-    if isinstance(obj, list):
-        return [_to(o, device) for o in obj]
-    if isinstance(obj, dict):
-        return {k: _to(v, device) for k, v in obj.items()}
-    return obj
+
+def split_inputs(inputs: LayerInputs, fraction: float) -> tuple[LayerInputs, LayerInputs | None]:
+    """(fitted, held-out) samples by holdout.split: held-out None when nothing is held out on any rank."""
+    kept, held = holdout.split(len(inputs.hidden), fraction)
+    return inputs.take(kept), None if held is None else inputs.take(held)
 
 
 def first_layer_inputs(model: nn.Module, layers: nn.ModuleList, samples: list[torch.Tensor], device) -> LayerInputs:
@@ -103,9 +104,41 @@ def linear_groups(layer: nn.Module, names: dict[nn.Module, str], inputs: LayerIn
     return ordered
 
 
+class BlockCalls:
+    """The (args, kwargs) a module inside the layer (AWQ's measured block) is called with, on whole samples up
+    to BUDGET tokens (None: every sample), at least one sample that reaches it. With several ranks: the samples
+    one process would keep (calibration samples are equally long), by their place in the whole set.
+    convert: applied to each call as it is recorded (e.g. a float32 copy), so only that copy is held."""
+
+    def __init__(self, module: nn.Module, budget: int | None = None, convert: Callable = lambda obj: obj):
+        self.module, self.budget, self.convert = module, budget, convert
+        self.calls: list[tuple[tuple, dict]] = []
+        self.kept_tokens = 0
+        self.keeping = False
+
+    def start(self, j: int, hidden: torch.Tensor) -> None:
+        """Sample j (this process's) is about to run: decide whether its call is recorded."""
+        tokens = hidden.numel() // hidden.shape[-1]
+        if self.budget is None:
+            self.keeping = True
+        elif Pool.active():
+            g = Pool.index(j)
+            self.keeping = g == 0 or (g + 1) * tokens <= self.budget
+        else:
+            self.keeping = not self.calls or self.kept_tokens + tokens <= self.budget
+        if self.keeping:
+            self.kept_tokens += tokens
+
+    def hook(self, _mod, args, kwargs) -> None:
+        if self.keeping:
+            self.calls.append((self.convert(args), self.convert(kwargs)))
+
+
 def feed_group(layer: nn.Module, group: list[nn.Module], inputs: LayerInputs,
-               sink: Callable[[nn.Module, torch.Tensor], None], on_sample: Callable[[], None] | None = None) -> None:
-    """Run the layer on every sample, handing each group member's input to sink; stop once all have run."""
+               sink: Callable[[nn.Module, torch.Tensor], None], on_sample: Callable[[], None] | None = None,
+               block: BlockCalls | None = None) -> None:
+    """Run the layer on every sample, handing each group member's input to sink; stop once all have run.
+    block: also record that module's calls (its pre-hook runs first, even when it is a group member itself)."""
     pending: set[int] = set()
 
     def hook(mod, args):
@@ -114,11 +147,14 @@ def feed_group(layer: nn.Module, group: list[nn.Module], inputs: LayerInputs,
         if not pending:
             raise _Stop
 
-    handles = [m.register_forward_pre_hook(hook) for m in group]
+    handles = [] if block is None else [block.module.register_forward_pre_hook(block.hook, with_kwargs=True)]
+    handles += [m.register_forward_pre_hook(hook) for m in group]
     try:
         with torch.no_grad():
-            for h, kw in zip(inputs.hidden, inputs.kwargs):
+            for j, (h, kw) in enumerate(zip(inputs.hidden, inputs.kwargs)):
                 pending.update(id(m) for m in group)
+                if block is not None:
+                    block.start(j, h)
                 try:
                     layer(h, **kw)
                 except _Stop:
