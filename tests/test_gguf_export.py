@@ -76,3 +76,25 @@ def test_an_existing_output_needs_overwrite(tiny_src, tmp_path):
     with pytest.raises(UserError, match="--overwrite"):
         quantize_to_gguf(str(tiny_src[0]), str(tmp_path / "m.gguf"), "q8_0")
     assert (tmp_path / "m.gguf").read_bytes() == b"keep"
+
+
+def test_cli_writes_a_gguf_and_refuses_what_it_does_not_read(tiny_src, tmp_path, cli):
+    import json
+
+    from gguf import GGUFReader
+
+    from damage import one_line_error
+
+    out = tmp_path / "m.gguf"
+    code, stdout, err = cli("quantize", tiny_src[0], "-o", out, "--format", "gguf", "--scheme", "q6_k", "--json")
+    assert code == 0, err
+    summary = json.loads(stdout)
+    assert summary["output"] == str(out) and summary["types"]["Q6_K"] == 8 * 7 + 1  # 7 Linears a layer, the embedding
+    assert {t.tensor_type.name for t in GGUFReader(str(out)).tensors} == {"Q6_K", "F32"}
+    one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "gguf", "--overwrite", "--scheme", "w4a16"),
+                   "q4_k_m")
+    one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "gguf", "--overwrite", "--calib", "x.txt"),
+                   "--calib")
+    one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "gguf", "--overwrite", "--method", "awq"),
+                   "rtn")
+    one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "ggml"), "compressed-tensors")
