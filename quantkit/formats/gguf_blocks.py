@@ -60,17 +60,26 @@ def levels(kind: GGUFType, q: torch.Tensor) -> torch.Tensor:
     return (q.long() - kind.offset).float()
 
 
-def dequantize(b: Blocks) -> torch.Tensor:
-    """(n, block) float32 values, bit for bit what llama.cpp's reference dequantisation gives."""
+def sub_steps(b: Blocks) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sub-block (n, subs, 1): step and low of its grid, value = step * level - low, each formed in
+    llama.cpp's float32 order (d * sc, dmin * mn); the legacy types' added minimum is a negated low, which
+    IEEE subtraction gives back exactly."""
     n, k = b.q.shape
     subs = k // b.kind.sub
-    d = b.d.float().view(n, 1, 1)
+    step = b.d.float().view(n, 1, 1)
     if b.sc is not None:
-        d = d * b.sc.float().view(n, subs, 1)
-    out = d * levels(b.kind, b.q).view(n, subs, b.kind.sub)
+        step = step * b.sc.float().view(n, subs, 1)
+    low = torch.zeros_like(step)
     if b.dmin is not None:
         m = b.dmin.float().view(n, 1, 1)
         if b.mn is not None:
             m = m * b.mn.float().view(n, subs, 1)
-        out = out + m if b.kind.name in ("Q4_1", "Q5_1") else out - m
-    return out.reshape(n, k)
+        low = -m if b.kind.name in ("Q4_1", "Q5_1") else m
+    return step.expand(n, subs, 1), low.expand(n, subs, 1)
+
+
+def dequantize(b: Blocks) -> torch.Tensor:
+    """(n, block) float32 values, bit for bit what llama.cpp's reference dequantisation gives."""
+    n, k = b.q.shape
+    step, low = sub_steps(b)
+    return (step * levels(b.kind, b.q).view(n, -1, b.kind.sub) - low).reshape(n, k)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
-from ..formats.gguf_blocks import Blocks
+from ..formats.gguf_blocks import Blocks, sub_steps
 from ..formats.gguf_codec import encode
 from ..formats.gguf_pack import pack
 from .gptq import _column_loop, _order
@@ -18,21 +18,11 @@ from .gptq_factor import drop_dead_channels, factor
 
 
 def _steps(b: Blocks, out: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per weight (out, n): the step and the offset of its grid, value = step * level - low, in the float order
-    of `gguf_blocks.dequantize` so the loop's values are the decoded ones bit for bit."""
-    nb, k = b.q.shape
-    subs = k // b.kind.sub
-    step = b.d.float().view(nb, 1)
-    if b.sc is not None:
-        step = step * b.sc.float().view(nb, subs)
-    low = torch.zeros_like(step)
-    if b.dmin is not None:
-        m = b.dmin.float().view(nb, 1)
-        if b.mn is not None:
-            m = m * b.mn.float().view(nb, subs)
-        low = -m if b.kind.name in ("Q4_1", "Q5_1") else m
-    expand = lambda t: t.expand(nb, subs).repeat_interleave(b.kind.sub, dim=1).reshape(out, n)
-    return expand(step), expand(low)
+    """Per weight (out, n): the step and low of its grid (value = step * level - low), as dequantize forms them,
+    so the loop's values are the decoded ones bit for bit."""
+    step, low = sub_steps(b)
+    spread = lambda t: t.expand(-1, -1, b.kind.sub).reshape(out, n)
+    return spread(step), spread(low)
 
 
 class BlockGrid:
