@@ -27,6 +27,7 @@ def generate_cmd(
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the decode step: faster per token after a slow first call (about a minute on a small CPU)"),
     threads: Optional[int] = typer.Option(None, "--threads", help="CPU threads for torch (default: torch's choice; 1 is fastest for small models on a busy machine)"),
     as_json: bool = typer.Option(False, "--json", help="print completion, tokens and metrics as JSON"),
+    explain: bool = typer.Option(False, "--explain", help="print which kernel path each Linear kind runs and why (the times measured at load), on stderr (in --json: 'kernel_paths')"),
 ) -> None:
     """Generate a completion and print it with the decode metrics.
 
@@ -49,6 +50,9 @@ def generate_cmd(
     opened = open_model(path, dtype=dtype, threads=threads, draft=draft, prompt_lookup=prompt_lookup,
                         compile=compile_, warn=lambda note: typer.echo(note, err=True), device=device)
     model, tok, make_drafter = opened.model, opened.tokenizer, opened.make_drafter
+    paths = explained_paths(model) if explain else None
+    if paths and not as_json:
+        typer.echo("\n".join(paths), err=True)
     if chat:
         ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                       tokenize=True, return_dict=False)
@@ -60,10 +64,19 @@ def generate_cmd(
                        num_speculative_tokens=num_speculative_tokens, tokenizer=tok)
     metrics = seq.metrics.to_dict()
     if as_json:
-        emit_json({"completion": seq.text(), "finish_reason": seq.finish_reason, "metrics": metrics,
+        extra = {} if paths is None else {"kernel_paths": paths}
+        emit_json({**extra, "completion": seq.text(), "finish_reason": seq.finish_reason, "metrics": metrics,
                    "tokens": [{"id": t.id, "text": t.text, "logprob": t.logprob, "drafted": t.drafted}
                               for t in seq.tokens]})
         return
     typer.echo(seq.text())
     shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in metrics.items() if v is not None}
     console.print("  ".join(f"{k}={v}" for k, v in shown.items()), style="dim")
+
+
+def explained_paths(model) -> list[str]:
+    """kernel_paths' lines, or one saying why there are none (a GPU model picks its kernels per call)."""
+    from ..linear.dispatch import kernel_paths
+
+    return kernel_paths(model) or ["kernel paths: no CPU choices for this model (on a GPU, or loaded exact): "
+                                   "kernels/dispatch.py picks each call's kernel by device and rows"]

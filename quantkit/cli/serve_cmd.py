@@ -73,6 +73,10 @@ def load_engines(path, *, threads, dtype, draft, prompt_lookup, num_speculative_
     opened = open_model(path, dtype=dtype, threads=threads, draft=draft, prompt_lookup=prompt_lookup,
                         compile=compile_, warn=lambda note: typer.echo(note, err=True), device=device)
     model, tok, make_drafter, dt = opened.model, opened.tokenizer, opened.make_drafter, opened.dtype
+    from ..linear.dispatch import kernel_paths
+
+    for line in kernel_paths(model):  # once at start: which CPU path each Linear kind runs, and why
+        typer.echo(line, err=True)
     if kv_cache == "fp8":
         from ..runtime.kv_cache import new_cache
 
