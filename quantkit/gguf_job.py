@@ -16,15 +16,15 @@ import torch
 from .errors import UserError
 from .formats import gguf_mix, gguf_writer
 
-# the solvers that run on GGUF grids today; the others are refused by name
-GGUF_METHODS = ("auto", "rtn")
+# the solvers that run on GGUF grids today (auto is rtn); the others are refused by name
+GGUF_METHODS = ("auto", "rtn", "gptq")
 
 
 def _check(scheme: str, method: Optional[str], output: Optional[str], overwrite: bool) -> tuple[str, Path]:
     scheme = gguf_mix.check_scheme(scheme or "q4_k_m")
     if (method or "auto") not in GGUF_METHODS:
         raise UserError(f"--method {method} does not run on GGUF grids yet; with --format gguf use --method rtn "
-                        "(docs/gguf.md lists which solver takes which type)")
+                        "or gptq (docs/gguf.md lists which solver takes which type)")
     if not output:
         raise UserError("--format gguf needs -o OUT.gguf")
     out = Path(output)
@@ -57,8 +57,10 @@ def _weight(config, role: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _write_one(f, config, scheme: str, tied: bool, name: str, t: torch.Tensor, decoded: Optional[dict]) -> Optional[str]:
+def _write_one(f, config, scheme: str, tied: bool, name: str, t: torch.Tensor, decoded: Optional[dict],
+               hessians: dict) -> Optional[str]:
     from .formats.gguf_codec import decode, encode
+    from .solvers.gguf_gptq import gguf_gptq
 
     named = gguf_writer.gguf_name(name)
     if named is None:
@@ -74,12 +76,44 @@ def _write_one(f, config, scheme: str, tied: bool, name: str, t: torch.Tensor, d
     if kind == "F16":
         f.add_float(key, w.numpy(), f16=True)
         return kind
-    blocks, raw = encode(w, kind)
+    H = hessians.get(name)
+    blocks, raw = encode(w, kind) if H is None or kind == "IQ4_NL" else gguf_gptq(w, H, kind)
     f.add_blocks(key, raw, kind)
     if decoded is not None:  # back in Hugging Face's row order, for comparing with the float model
         q = decode(blocks, w.shape)
         decoded[name] = _unpermute(config, role, q)
     return kind
+
+
+def gather_hessians(model: Optional[str], calib: Optional[str], num_samples: int, seq_len: int) -> dict:
+    """{Hugging Face weight name: H = 2 XᵀX / tokens} for every Linear but the output head, from hooks in one
+    pass of the float model over the calibration samples: not layer-sequential like the compressed-tensors
+    pipeline (each layer sees the float model's inputs, not its quantised predecessors')."""
+    from .data.calibration import load_calibration
+    from .models.hf import load_float_model
+
+    net, tok, _src = load_float_model(model, dtype="float32")
+    samples = load_calibration(calib, tok, num_samples=num_samples, seq_len=seq_len, model=net).samples
+    sums: dict = {}
+    counts: dict = {}
+
+    def hook(name):
+        def add(_mod, args, _out):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+            sums[name] = sums.get(name, 0) + x.T @ x
+            counts[name] = counts.get(name, 0) + x.shape[0]
+        return add
+
+    handles = [m.register_forward_hook(hook(f"{n}.weight")) for n, m in net.named_modules()
+               if isinstance(m, torch.nn.Linear) and not n.endswith("lm_head")]
+    try:
+        with torch.no_grad():
+            for s in samples:
+                net(s.unsqueeze(0))
+    finally:
+        for h in handles:
+            h.remove()
+    return {k: 2 * v / counts[k] for k, v in sums.items()}
 
 
 def _unpermute(config, role: str, w: torch.Tensor) -> torch.Tensor:
@@ -91,9 +125,12 @@ def _unpermute(config, role: str, w: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_to_gguf(model: Optional[str], output: Optional[str], scheme: Optional[str] = None,
-                     method: Optional[str] = None, overwrite: bool = False, decoded: Optional[dict] = None) -> dict:
+                     method: Optional[str] = None, overwrite: bool = False, decoded: Optional[dict] = None,
+                     calib: Optional[str] = None, num_samples: Optional[int] = None, seq_len: Optional[int] = None) -> dict:
     """Write OUT.gguf; `decoded`, when given, is filled with each quantised weight as llama.cpp decodes it
-    (Hugging Face names and layout). Returns a summary: types used (tensor count per type), bytes, seconds."""
+    (Hugging Face names and layout). method gptq calibrates on `calib` (default: self-generated text), the
+    token embedding (a lookup, no inputs) stays rtn. Returns a summary: types used (tensor count per type),
+    bytes, seconds."""
     from .models.hf import read_config, resolve_model_dir
 
     scheme, out = _check(scheme, method, output, overwrite)
@@ -102,6 +139,9 @@ def quantize_to_gguf(model: Optional[str], output: Optional[str], scheme: Option
     config = read_config(src)
     gguf_writer.check_config(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
+    hessians = {}
+    if method == "gptq":
+        hessians = gather_hessians(model, calib, num_samples or 128, seq_len or 512)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
     types: dict[str, int] = {}
@@ -110,12 +150,12 @@ def quantize_to_gguf(model: Optional[str], output: Optional[str], scheme: Option
         for name, t in _tensors(src):
             if tied and name == "lm_head.weight":
                 continue
-            kind = _write_one(f, config, scheme, tied, name, t, decoded)
+            kind = _write_one(f, config, scheme, tied, name, t, decoded, hessians)
             if kind:
                 types[kind] = types.get(kind, 0) + 1
         f.close()
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
-    return {"output": str(out), "format": "gguf", "scheme": scheme, "method": "rtn", "types": types,
+    return {"output": str(out), "format": "gguf", "scheme": scheme, "method": "gptq" if hessians else "rtn", "types": types,
             "bytes": out.stat().st_size, "seconds": round(time.time() - t0, 1)}

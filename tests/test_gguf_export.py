@@ -2,6 +2,8 @@
 `gguf` package and undoes llama.cpp's Q/K row interleave itself) rebuilds from our file exactly the weights
 quantkit decodes, the same config and the same tokenizer. A tiny Llama with a tiny byte-level BPE, 256 wide
 so the k-quants apply, 8 layers so the _M mixes' first/last-eighth rules pick different types."""
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -93,8 +95,27 @@ def test_cli_writes_a_gguf_and_refuses_what_it_does_not_read(tiny_src, tmp_path,
     assert {t.tensor_type.name for t in GGUFReader(str(out)).tensors} == {"Q6_K", "F32"}
     one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "gguf", "--overwrite", "--scheme", "w4a16"),
                    "q4_k_m")
-    one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "gguf", "--overwrite", "--calib", "x.txt"),
-                   "--calib")
+    one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "gguf", "--overwrite", "--dtype", "float16"),
+                   "--dtype")
     one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "gguf", "--overwrite", "--method", "awq"),
                    "rtn")
     one_line_error(cli("quantize", tiny_src[0], "-o", out, "--format", "ggml"), "compressed-tensors")
+
+
+def test_gptq_export_moves_codes_and_still_reads_back_exactly(tiny_src, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.gguf_job import quantize_to_gguf
+
+    src, _ = tiny_src
+    calib = dict(calib=str(Path(__file__).parent / "data" / "calib_sample.txt"), num_samples=4, seq_len=64)
+    rtn, gptq = {}, {}
+    quantize_to_gguf(str(src), str(tmp_path / "r.gguf"), "q4_k_m", decoded=rtn)
+    summary = quantize_to_gguf(str(src), str(tmp_path / "g.gguf"), "q4_k_m", method="gptq", decoded=gptq, **calib)
+    assert summary["method"] == "gptq"
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="g.gguf", dtype=torch.float32).state_dict()
+    for name, w in gptq.items():
+        assert torch.equal(back[name], w), name
+        if name != "model.embed_tokens.weight":  # a lookup has no inputs: rtn
+            assert not torch.equal(w, rtn[name]), name
+    assert torch.equal(gptq["model.embed_tokens.weight"], rtn["model.embed_tokens.weight"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 from .common import console, emit_json
 
 # what --format gguf reads; any other option given is refused rather than silently ignored
-GGUF_READS = ("model", "output", "overwrite", "scheme", "method")
+GGUF_READS = ("model", "output", "overwrite", "scheme", "method", "calib", "num_samples", "seq_len")
 
 
 def run_gguf(fmt: str, opts: dict, as_json: bool) -> None:
@@ -17,9 +17,10 @@ def run_gguf(fmt: str, opts: dict, as_json: bool) -> None:
     if extra:
         names = ", ".join("--" + k.rstrip("_").replace("_", "-") for k in extra)
         raise UserError(f"--format gguf does not read {names} yet; drop them (it reads MODEL, -o, --scheme, "
-                        "--method rtn and --overwrite)")
+                        "--method rtn|gptq, --calib, --num-samples, --seq-len and --overwrite)")
     summary = quantize_to_gguf(opts.get("model"), opts.get("output"), opts.get("scheme"), opts.get("method"),
-                               bool(opts.get("overwrite")))
+                               bool(opts.get("overwrite")), calib=opts.get("calib"),
+                               num_samples=opts.get("num_samples"), seq_len=opts.get("seq_len"))
     if as_json:
         emit_json(summary)
     else:
