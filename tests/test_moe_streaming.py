@@ -154,7 +154,7 @@ def test_peak_memory_of_a_streamed_moe_is_a_fraction_of_the_float_model(tmp_path
     """RSS growth while quantising (VmHWM after a reset, in a fresh process warmed up on a tiny MoE, up to the
     writer): about one layer (an eighth of the weights) read and solved, plus the codes of the layers before and
     a fixed ~15 MB; measured 0.76x the float size. A whole-model load holds every float weight, more than this
-    bound allows (measured: 3.2x the float size, from_pretrained's copies and the split experts)."""
+    bound allows (measured to the end of its run: 3.2x the float size)."""
     float_bytes = _big_moe(tmp_path / "big")
     warm = save_tiny_moe(tmp_path / "warm", "qwen3_moe")
     p = subprocess.run([sys.executable, "-c", _PEAK, str(warm), str(tmp_path / "big"), str(tmp_path / "out")],
