@@ -52,6 +52,7 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
     """(model, tokenizer, source, LazyWeights or None, plan): layer-by-layer loading unless only a full load works."""
     from .models.hf import load_float_model
     from .models.lazy import open_lazy
+    from .pipeline.sampling_copy import float_fits
     from .models.moe import unfuse_experts
 
     # A CPU has no fast float16/bfloat16 matmul (calibration passes ran 13x slower in float16 than in float32 on
@@ -65,9 +66,10 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
         if plan.needs_data and tok is None:  # before a whole-model reload for sampling, not after
             raise _no_tokenizer(src, plan.recipe)
         self_calib = (recipe.calibration.spec or "self") == "self"
-        if not (self_calib and plan.needs_data):
+        # self-calibration samples from the whole float model when it fits, else from a W4 copy (_calibration)
+        if not (self_calib and plan.needs_data) or not float_fits(model, recipe.max_memory):
             return model, tok, src, weights, plan
-        del model, weights, opened  # self-generated calibration samples text from the whole model
+        del model, weights, opened
     model, tok, src = load_float_model(str(folder), compute, recipe.device)
     unfuse_experts(model)
     # the lazy model's plan holds for the whole one (the same Linears: both split fused experts with
@@ -94,14 +96,24 @@ def _no_tokenizer(src, recipe: Recipe) -> UserError:
                      "(save the tokenizer beside the model, or pass --method rtn)")
 
 
-def _calibration(recipe: Recipe, model, tok, src):
+def _calibration(recipe: Recipe, model, tok, src, weights=None):
+    """The calibration set; self-sampled text comes from a W4 copy when _load kept MODEL lazy (no float fit)."""
     from .data import load_calibration
+    from .pipeline.sampling_copy import sample_with_rtn_copy, sampling_record
 
     c = recipe.calibration
     if tok is None:
         raise _no_tokenizer(src, recipe)
-    cs = load_calibration(spec=c.spec, tokenizer=tok, num_samples=c.num_samples, seq_len=c.seq_len,
-                          seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=model)
+
+    def load(sampler):
+        return load_calibration(spec=c.spec, tokenizer=tok, num_samples=c.num_samples, seq_len=c.seq_len,
+                                seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=sampler)
+
+    self_calib = (c.spec or "self") == "self"
+    by_copy = self_calib and weights is not None
+    cs = sample_with_rtn_copy(model, weights, recipe.device, recipe.max_memory, load) if by_copy else load(model)
+    if self_calib:
+        cs.meta["sampled_by"] = sampling_record(model, recipe.max_memory, by_copy)
     return cs.samples, cs.meta
 
 
@@ -117,7 +129,7 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     model, tok, src, weights, plan = _load(recipe, folder, storage, lazy)
     recipe = plan.recipe  # 'auto' settled by the plan: calibration and quantkit.json's recipe say what ran
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
-    calib, calib_meta = _calibration(recipe, model, tok, src) if plan.needs_data else (None, None)
+    calib, calib_meta = _calibration(recipe, model, tok, src, weights) if plan.needs_data else (None, None)
     if calib is not None:  # data-parallel: this process calibrates on its share of the samples
         calib = distributed.shard(calib)
     result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights)

@@ -13,6 +13,7 @@ from quantkit.cli.set_option import field_sections
 SAMPLES = {
     "description": ("a note", "a note"), "model": ("./elsewhere", "./elsewhere"), "output": ("./out", "./out"),
     "overwrite": ("true", True), "dtype": ("float16", "float16"), "device": ("cuda:1", "cuda:1"),
+    "max_memory": ("cpu=2GiB,cuda:0=70GiB", "cpu=2GiB,cuda:0=70GiB"),
     "quant.scheme": ("w8a16", "w8a16"), "quant.method": ("gptq", "gptq"), "quant.group_size": ("64", 64),
     "quant.symmetric": ("false", False), "quant.full_range": ("false", False), "quant.bits": ("4.5", 4.5),
     "quant.ignore": ("[lm_head, 're:.*gate.*']", ["lm_head", "re:.*gate.*"]),

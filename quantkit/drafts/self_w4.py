@@ -9,7 +9,6 @@ import copy
 
 import torch
 
-from ..formats.pack import pack_int32
 from ..linear.half_head import use_half_head
 from ..linear.opaque import OpaqueLinear
 from ..linear.quant import QuantLinear
@@ -36,7 +35,7 @@ def self_w4_draft(model, group_size: int = 128, packed: bool = False):
             gs = fitting_group_size([mod.in_features], group_size) or -1  # as quantize chooses; else per channel
             qw = rtn_quantize(weight, get_scheme("w4a16").with_options(group_size=gs))
             if packed:
-                draft.set_submodule(name, _packed_w4(mod, qw, gs, weight.dtype))
+                draft.set_submodule(name, QuantLinear.from_qweight(qw, mod.bias, weight.dtype))
             elif isinstance(mod, OpaqueLinear):  # held as the runtime would hold these weights
                 deq = qw.dequantize().to(weight.dtype)
                 draft.set_submodule(name, float_linear(deq, mod.bias) or _plain_linear(deq, mod.bias))
@@ -54,14 +53,3 @@ def _plain_linear(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.L
         if bias is not None:
             lin.bias.copy_(bias)
     return lin.requires_grad_(False)
-
-
-def _packed_w4(linear: torch.nn.Module, qw, group_size: int, dtype: torch.dtype):
-    m = QuantLinear(linear.in_features, linear.out_features, 4, group_size, symmetric=True,
-                    bias=linear.bias is not None, dtype=dtype)
-    m.weight_packed = pack_int32(qw.q, 4)
-    m.weight_scale = qw.scale.to(dtype).reshape(linear.out_features, -1)
-    if linear.bias is not None:
-        m.bias.data.copy_(linear.bias.data)
-    m.cpu_bf16_activations = qw.q.device.type == "cpu"  # torch's packed int4 op, as the loader sets it
-    return m

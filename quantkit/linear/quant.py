@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..formats.pack import packed_words
+from ..formats.pack import pack_int32, packed_words
 from ..kernels import dispatch, reference
 
 
@@ -34,6 +34,22 @@ class QuantLinear(nn.Module):
         return cls(linear.in_features, linear.out_features, weights["num_bits"], gs or -1,
                    symmetric=weights.get("symmetric", True), has_g_idx=has_g_idx, bias=linear.bias is not None,
                    dtype=dtype, device=device)
+
+    @classmethod
+    def from_qweight(cls, qw, bias: torch.Tensor | None, dtype: torch.dtype) -> "QuantLinear":
+        """A symmetric integer QWeight held packed, as a loaded checkpoint holds it; on a CPU it runs through
+        torch's int4/int8 op with bf16 activations, as the loader sets it (for the self-draft and the sampling copy)."""
+        if not qw.scheme.symmetric or qw.scheme.type != "int":
+            raise ValueError(f"from_qweight takes symmetric integer codes, got {qw.scheme}")
+        out, n_in = qw.q.shape
+        m = cls(n_in, out, qw.scheme.num_bits, qw.scheme.group_size, bias=bias is not None, dtype=dtype,
+                device=qw.q.device)
+        m.weight_packed = pack_int32(qw.q, qw.scheme.num_bits)
+        m.weight_scale = qw.scale.to(dtype).reshape(out, -1)
+        if bias is not None:
+            m.bias.data.copy_(bias.data)
+        m.cpu_bf16_activations = qw.q.device.type == "cpu"
+        return m
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return dispatch.linear_forward(self, x)

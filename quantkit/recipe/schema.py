@@ -20,6 +20,7 @@ from ..solvers.signround_options import SignRoundOptions
 from ..solvers.smoothquant_options import SmoothQuantOptions
 from .gates import GATES
 from .holdout_alias import one_holdout
+from .memory_cap import parse_max_memory
 
 Method = Literal["auto", "rtn", "gptq", "awq", "awq+gptq", "signround"]
 SchemeName = Literal["w4a16", "w8a16", "w3a16", "w2a16", "fp8", "fp8-dynamic", "w8a8", "w8a8-static", "nvfp4", "mxfp4", "nvfp4-a4"]
@@ -201,9 +202,20 @@ class Recipe(StrictOptions):
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
         "auto", description="Dtype the float model is loaded and solved in; 'auto' = the model's own.")
     device: str = Field("cpu", description="cpu or cuda (one decoder layer at a time on the device).")
+    max_memory: str | None = Field(
+        None, description="What quantkit may hold per device, as accelerate writes it: '2GiB' (every device) or "
+                          "'cpu=2GiB,cuda:0=70GiB'; empty = what each device has free. When the float model does "
+                          "not fit, self-calibration samples with a round-to-nearest W4 copy built layer by layer.")
     quant: QuantOptions = Field(default_factory=QuantOptions, description="What to quantise and how.")
     calibration: CalibrationOptions = Field(default_factory=CalibrationOptions,
                                             description="Calibration data (gptq, awq, fp8 static, fp8 KV cache).")
     eval: EvalOptions | None = Field(None, description="Evaluation against the base model, run by `quantkit run`.")
     draft: DraftOptions | None = Field(None, description="A draft head for speculative decoding, trained for the "
                                                          "checkpoint by `quantkit run` after quantising.")
+
+    @field_validator("max_memory")
+    @classmethod
+    def _max_memory(cls, v):
+        if v is not None:
+            parse_max_memory(v)  # refused here, one line, before anything is loaded
+        return v

