@@ -34,8 +34,6 @@ class QuantizeResult:
 
 
 def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
-    if distributed.active():
-        _refuse_unpooled(plan)
     out: list[LayerTransform] = []
     if plan.smooth is not None:
         from ..solvers.smoothquant import SmoothQuantTransform
@@ -55,13 +53,6 @@ def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
 
         out.append(KVScaleObserver(model))
     return out
-
-
-def _refuse_unpooled(plan: Plan) -> None:
-    """Learned rounding descends on each rank's captured inputs; its steps do not pool across ranks yet."""
-    if plan.signround is not None:
-        raise UserError(f"learned rounding cannot run data-parallel yet ({distributed.world()} processes); with "
-                        "torchrun use --method gptq, awq, awq+gptq or rtn, or run one process")
 
 
 class _Solve:

@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_map
 
 from ..schemes import Scheme
 from ..capture import holdout as calib_holdout
+from ..distributed import Pool
 from .base import LayerTransform
 from .signround_options import SignRoundOptions
 from .signround_quant import LearnedRounding
@@ -84,26 +85,48 @@ class _Block:
 
     @torch.no_grad()
     def mean_loss(self, idx: list[int], rounders: dict) -> float:
+        """Over the samples IDX of every rank (under torchrun each holds its share)."""
         weights = {p + ".weight": r.fake() for p, r in rounders.items()}
-        return sum(float(self.loss([i], weights)) for i in idx) / max(len(idx), 1)
+        return Pool.total(sum(float(self.loss([i], weights)) for i in idx)) / max(Pool.count(len(idx)), 1)
+
+
+def _backward(block: _Block, picked: list[int], mine: dict[int, int], weights: dict, params: list) -> None:
+    """The gradient of the step's mean loss over PICKED (whole-set sample numbers) into params' .grad. Under
+    torchrun each rank differentiates the samples it holds (MINE: whole-set number -> its own index), weighted
+    by their share of the step, and the gradients are summed over ranks in one all-reduce, so every rank takes
+    the same step one process would (up to float32 summation order)."""
+    if not Pool.active():
+        block.loss(picked, weights).backward()
+        return
+    local = [mine[g] for g in picked if g in mine]
+    if local:
+        (block.loss(local, weights) * (len(local) / len(picked))).backward()
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = Pool.sum(torch.cat([g.reshape(-1) for g in grads]))
+    for p, g in zip(params, flat.split([g.numel() for g in grads])):
+        p.grad = g.view_as(p)
 
 
 def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr: float, batch: int,
                  seed: int = 0) -> None:
     """iters signed-gradient steps on the rounders' parameters, batch training samples per step; ends on the
-    last step (the hold-out guard judges it), not on the lowest batch loss as AutoRound does."""
+    last step (the hold-out guard judges it), not on the lowest batch loss as AutoRound does. Batches are drawn
+    from the whole calibration set's training samples (numbered 0.. across ranks: the hold-out is the last
+    ones, capture/holdout.py) by a seeded permutation every rank draws alike."""
     params = [p for r in rounders.values() for p in r.params()]
+    mine = {Pool.index(j): j for j in train}
+    n_train = Pool.count(len(train))
     gen = torch.Generator().manual_seed(seed)
     order: list[int] = []
     for t in range(iters):
         step = lr * (1 - t / iters)
         picked = []
-        while len(picked) < min(batch, len(train)):
+        while len(picked) < min(batch, n_train):
             if not order:
-                order = [train[j] for j in torch.randperm(len(train), generator=gen).tolist()]
+                order = torch.randperm(n_train, generator=gen).tolist()
             picked.append(order.pop())
         weights = {p + ".weight": r.fake() for p, r in rounders.items()}
-        block.loss(picked, weights).backward()
+        _backward(block, picked, mine, weights, params)
         with torch.no_grad():
             for p in params:
                 if p.grad is not None:
@@ -134,15 +157,17 @@ class SignRoundTransform(LayerTransform):
         rounders = {p: LearnedRounding(block.work.get_submodule(p).weight, s, self.scale_dtype, self.clip)
                     for p, (_n, s) in learn.items()}
         train, held = calib_holdout.split(len(block.hidden), self.holdout)
+        # no hold-out anywhere (one sample): the guard can only check the fit itself. A rank whose share holds
+        # none of the held-out samples still judges on its (empty) part of them, as the pooled losses need.
+        judge = train if held is None else held
         held = held or []
-        judge = held or train  # one sample: nothing to hold out, the guard can only check the fit itself
         initial, rtn_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
         sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index)
         final, learned_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
         keep = learned_held <= rtn_held
         common = {"signround_iters": self.iters, "signround_initial_loss": initial, "signround_final_loss": final,
                   "signround_heldout_rtn_loss": rtn_held, "signround_heldout_loss": learned_held,
-                  "signround_heldout_samples": len(held)}
+                  "signround_heldout_samples": Pool.count(len(held))}
         stats = {n: {**common, "signround_mean_abs_v": rounders[p].mean_abs_v(),
                      "signround_fallback": None if keep else "rtn (learned rounding lost on held-out samples)"}
                  for p, (n, _s) in learn.items()}
