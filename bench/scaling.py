@@ -128,6 +128,44 @@ def worker(out_dir: str, argv: list[str]) -> None:
         "layers": {str(k): v for k, v in timer.rows.items()}, "linears": timer.linears}))
 
 
+def gloo_worker(out_dir: str, nbytes: int = 32 << 20, reps: int = 3) -> None:
+    """The link the two processes share here, without a solve to wait for: a Hessian-sized all-reduce and a
+    result-sized broadcast as the pipeline sends them (broadcast_object_list), best of REPS after a barrier."""
+    import torch
+    import torch.distributed as dist
+
+    from quantkit import distributed
+
+    dist.init_process_group("gloo")
+    t = torch.ones(nbytes // 4)
+    times = {"allreduce": float("inf"), "broadcast": float("inf")}
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_reduce(t)
+        times["allreduce"] = min(times["allreduce"], time.perf_counter() - t0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        distributed.broadcast(t[: nbytes // 16] if dist.get_rank() == 0 else None, 0)
+        times["broadcast"] = min(times["broadcast"], time.perf_counter() - t0)
+    if dist.get_rank() == 0:  # a ring all-reduce over 2 processes moves its bytes once each way
+        Path(out_dir, "gloo.json").write_text(json.dumps({"allreduce_bytes_per_s": nbytes / times["allreduce"],
+                                                          "broadcast_bytes_per_s": nbytes / 4 / times["broadcast"],
+                                                          "bytes": nbytes}))
+    dist.destroy_process_group()
+
+
+def _gloo(tmp: Path) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="gloo-", dir=tmp))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(Path(__file__).resolve()), "--gloo", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    if p.returncode != 0:
+        raise SystemExit(f"the gloo measurement failed:\n{p.stderr[-3000:]}")
+    return json.loads((out / "gloo.json").read_text())
+
+
 # ---------------------------------------------------------------- driver: the two runs, the fit, the model
 
 def _smollm2(tmp: Path, layers: int) -> Path:
@@ -268,7 +306,7 @@ def _rtn_seconds_per_weight(shape, reps: int = 3) -> float:
     return best / sum(w.numel() for w in ws)
 
 
-def _fit(one: dict, two: dict, shape, tokens: int) -> tuple[dict, dict]:
+def _fit(one: dict, two: dict, link: dict, shape, tokens: int) -> tuple[dict, dict]:
     """Per-rank compute constants from the 2-process run (1 thread each, the rank the model multiplies), the
     2-thread ones from the 1-process run, and the gloo bandwidth the 2-process collectives reached here."""
     from quantkit.evaluate import run_cost
@@ -278,11 +316,11 @@ def _fit(one: dict, two: dict, shape, tokens: int) -> tuple[dict, dict]:
     per_thread["rtn_s"] = _rtn_seconds_per_weight(shape)
     ph = _phases(two)
     moved = sum(ph["allreduce_bytes"]) + sum(ph["broadcast_bytes"])
-    # gloo on this host: the all-reduce carries 2(N-1)/N = 1 x the Hessians, the broadcast 1 x the results; the
-    # broadcast's time also holds the wait for the owner's solve, so only the all-reduce gives a bandwidth
-    gloo = sum(ph["allreduce_bytes"]) / max(sum(ph["allreduce"]), 1e-9)
-    return {"per_rank_1_thread": per_thread, "one_process_2_threads": two_threads,
-            "gloo_bytes_per_s": gloo, "bytes_moved_2_processes": moved}, {"gloo-here": gloo}
+    # in the run, a collective's time holds the wait for the slower rank's calibration or solve; the link itself
+    # is what gloo_worker timed after a barrier (the slower of its all-reduce and broadcast rates)
+    gloo = min(link["allreduce_bytes_per_s"], link["broadcast_bytes_per_s"])
+    return {"per_rank_1_thread": per_thread, "one_process_2_threads": two_threads, "gloo": link,
+            "bytes_moved_2_processes_per_layer": moved / len(ph["allreduce"])}, {"gloo-here": gloo}
 
 
 def print_table(rows: list[dict]) -> None:
@@ -302,7 +340,7 @@ def report(result: dict) -> dict:
     one, two = result["runs"]["one"], result["runs"]["two"]
     shape = shape_from_config(result["config"])
     full = shape_from_config({**result["config"], "num_hidden_layers": 30})
-    fitted, links = _fit(one, two, shape, result["samples"] * result["seq_len"])
+    fitted, links = _fit(one, two, result["gloo"], shape, result["samples"] * result["seq_len"])
     links = {**run_cost.LINKS, **links, "none": float("inf")}
     rows = [_measured_row(f"1 process, 2 threads ({shape.layers} layers)", one, _phases(one)),
             _measured_row(f"2 processes (torchrun, gloo), 1 thread each ({shape.layers} layers)", two, _phases(two))]
@@ -314,12 +352,16 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--samples", type=int, default=16)
     ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4, help="SmolLM2's first N decoder layers (of 30)")
+    ap.add_argument("--layers", type=int, default=3, help="SmolLM2's first N decoder layers (of 30)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--refit", type=Path, help="redo the fit and the table from the runs saved in this result")
     a = ap.parse_args(argv)
     if a.refit:
-        result = report(json.loads(a.refit.read_text()))
+        result = json.loads(a.refit.read_text())
+        if "gloo" not in result:  # a result saved before the link was timed on its own
+            with tempfile.TemporaryDirectory() as tmp:
+                result["gloo"] = _gloo(Path(tmp))
+        result = report(result)
     else:
         load_before = _uptime()
         with tempfile.TemporaryDirectory() as tmp:
@@ -327,12 +369,13 @@ def main(argv: list[str] | None = None) -> dict:
             calib = _calib_file(Path(tmp))
             one = _run(1, 2, model, calib, a.samples, a.seq_len, Path(tmp))
             two = _run(2, 1, model, calib, a.samples, a.seq_len, Path(tmp))
+            gloo = _gloo(Path(tmp))
             config = json.loads((model / "config.json").read_text())
         result = {"machine": machine(), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                   "command": "python bench/scaling.py " + " ".join(argv or []), "uptime_before": load_before,
                   "uptime_after": _uptime(), "model": f"SmolLM2-135M-Instruct (embedded), first {a.layers} of 30 "
                   "layers", "method": "gptq w4a16", "samples": a.samples, "seq_len": a.seq_len, "config": config,
-                  "runs": {"one": one, "two": two}}
+                  "gloo": gloo, "runs": {"one": one, "two": two}}
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(result, indent=1))  # the runs are kept even if the fit below fails
         result = report(result)
@@ -345,7 +388,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--worker":
+    if len(sys.argv) > 2 and sys.argv[1] == "--gloo":
+        gloo_worker(sys.argv[2])
+    elif len(sys.argv) > 2 and sys.argv[1] == "--worker":
         worker(sys.argv[2], sys.argv[4:] if sys.argv[3] == "--" else sys.argv[3:])
     else:
         main(sys.argv[1:])

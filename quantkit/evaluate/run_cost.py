@@ -6,8 +6,10 @@ Per decoder layer, the pipeline (pipeline/sequential.py) does, on each of R proc
                the Hessian of each Linear's input ~ tokens/R x in^2 (one x^T x per batch)
   all-reduce   the Hessians (and the held-out ones) summed across processes: 4 in^2 bytes each, 2(R-1)/R of it
                over the slowest link (a ring)
-  solve        each Linear once, on the process distributed.owners deals it to by cost: GPTQ ~ in^2 x out,
-               so the layer waits for the most loaded process (the LPT makespan)
+  solve        each Linear once, on the process distributed.owners deals it to by cost: GPTQ ~ in^2 x out
+               (plus a step per input column); the pipeline deals one stage at a time (q/k/v, o, gate/up,
+               down), so each stage waits for its most loaded process (the LPT makespan) and a stage of one
+               Linear runs on one process whatever the rank count
   broadcast    every solved Linear sent from its owner to the others (codes + scales)
 The layer loop is sequential (layer i+1's inputs are layer i's quantised outputs), so the run is layers x that.
 """
@@ -20,19 +22,21 @@ from .. import distributed
 from ..errors import UserError
 from .estimate import Shape, param_counts
 
-# Per-layer cost constants measured by `python bench/scaling.py` (SmolLM2-135M, GPTQ w4a16, 16 x 256 tokens),
-# for one process with one thread (a torchrun rank on a CPU). GPU constants are not measured here: on a GPU
-# device estimate gives the memory and the bytes moved, not a time.
+# Per-layer cost constants measured by `python bench/scaling.py --layers 3` (SmolLM2-135M's first 3 layers, GPTQ
+# w4a16, 16 x 256 tokens), fitted to the 2-process torchrun run: one process with one thread (a torchrun rank on a
+# CPU). The machine was shared (load average 13 to 19 on 2 cores), so these are slower than an idle machine's.
+# GPU constants are not measured here: on a GPU device estimate gives the memory, not a time.
 MEASURED = {
     "cpu": {
-        "machine": "UNMEASURED",
-        "date": "UNMEASURED",
-        "forward_s": 0.0,  # seconds per token per decoder-layer parameter in one forward pass
-        "hessian_s": 0.0,  # seconds per token per in^2, summed over a layer's calibrated Linears
-        "solve_s": 0.0,  # GPTQ seconds per in^2 x out of one Linear (the held-out guard's checks included)
-        "column_s": 0.0,  # GPTQ seconds per input column (its column loop's steps, whatever the rows)
-        "rtn_s": 0.0,  # round-to-nearest seconds per weight
-        "load_s": 0.0,  # seconds per decoder-layer parameter to read a layer from disk
+        "machine": "Intel(R) Xeon(R) Processor (AVX-512, AMX), 2 cores, shared; bench/results/scaling.json",
+        "date": "2026-12-03",
+        "forward_s": 8.83e-10,  # seconds per token per decoder-layer parameter in one forward pass
+        "hessian_s": 5.78e-10,  # seconds per token per in^2, summed over a layer's calibrated Linears
+        "solve_s": 8.67e-09,  # GPTQ seconds per in^2 x out of one Linear (the held-out guard's solves included)
+        "column_s": 4.15e-03,  # GPTQ seconds per input column (its column loop's steps, whatever the rows)
+        "rtn_s": 3.45e-07,  # round-to-nearest seconds per weight
+        "load_s": 7.78e-08,  # seconds per decoder-layer parameter to read a layer from disk
+        "gloo_bytes_per_s": 3.05e6,  # two processes' gloo on this host: the slower of all-reduce and broadcast
     },
 }
 
@@ -73,9 +77,14 @@ def forward_passes(s: Shape) -> float:
     return 1 + sum(before) / total
 
 
-def solve_costs(s: Shape, method: str) -> list[float]:
-    """Relative solve time of each Linear: the cost the pipeline deals Linears to processes by."""
-    return [float(lin.inp * lin.inp * lin.out if method == "gptq" else lin.inp * lin.out) for lin in layer_linears(s)]
+def stages(lins: list[Linear]) -> list[list[Linear]]:
+    return [[lin for lin in lins if lin.stage == k] for k in sorted({lin.stage for lin in lins})]
+
+
+def solve_costs(s: Shape, method: str, lins: list[Linear] | None = None) -> list[float]:
+    """Relative solve time of each Linear (of the layer, or LINS): the cost the pipeline deals Linears by."""
+    return [float(lin.inp * lin.inp * lin.out if method == "gptq" else lin.inp * lin.out)
+            for lin in (layer_linears(s) if lins is None else lins)]
 
 
 def solve_seconds(lin: Linear, method: str, c: dict) -> float:
@@ -117,7 +126,8 @@ def layer_time(s: Shape, method: str, samples: int, seq_len: int, ranks: int, c:
         t["allreduce"] = _ring(4 * in2 * copies, ranks, len(lins) * copies, bandwidth)
     else:  # round-to-nearest reads no activations
         t["calibration"] = 0.0
-    t["solve"] = makespan(solve_costs(s, method), ranks, [solve_seconds(lin, method, c) for lin in lins])
+    t["solve"] = sum(makespan(solve_costs(s, method, st), ranks, [solve_seconds(lin, method, c) for lin in st])
+                     for st in stages(lins))
     if ranks > 1:
         t["broadcast"] = sum(result_bytes(lin) for lin in lins) / bandwidth + len(lins) * LATENCY_S
     t["total"] = sum(t.values())
