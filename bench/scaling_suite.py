@@ -13,7 +13,6 @@ def run(rows: list[dict], quick: bool) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:  # the harness writes bench/results/scaling.json itself
         r = scaling.main(["--out", str(Path(tmp) / "scaling.json"), *(["--samples", "8"] if quick else [])])
-    keep = ("model", "method", "samples", "seq_len", "uptime_before", "uptime_after")
-    out = [{"name": x.get("row", x.get("name")), **{k: v for k, v in x.items() if k not in ("row", "name")}}
+    out = [{"name": x.get("name", x.get("row")), **{k: v for k, v in x.items() if k not in ("row", "name")}}
            for x in r["rows"]]
-    return {"setup": {k: r[k] for k in keep if k in r}, "rows": out}
+    return {"setup": r.get("setup", {}), "rows": out}
