@@ -68,7 +68,7 @@ def machine_header(fields: dict) -> list[str]:
     caps = ", ".join(f"{k}={v}" for k, v in fields["caps"].items()) or "none (the CPU's full ISA)"
     return [f"CPU: {fields['cpu']}; ISA flags: {' '.join(fields['isa'])}",
             f"torch {fields['torch']}, ATen capability {fields['capability']}; caps in force: {caps}; "
-            f"{fields['threads']} threads; load average before: {load_average()}"]
+            f"{fields['threads']} threads; load average before: {fields.get('load_average_before', '?')}"]
 
 
 def load_average() -> str:
