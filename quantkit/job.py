@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import distributed
+from . import distributed, preflight
 from .errors import UserError
 from .plan import Plan, build_plan
 from .recipe import Recipe
@@ -59,22 +59,25 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
     # SmolLM2), so the model computes in float32 there; the checkpoint is still written in the storage dtype.
     compute = "float32" if recipe.device == "cpu" else recipe.dtype
     opened = open_lazy(str(folder), compute) if lazy else None
-    plan = None
+    plan, early = None, []
     if opened is not None:
         model, tok, src, weights = opened
-        plan = build_plan(model, recipe, storage, _weight_reader(model, weights))
-        if plan.needs_data and tok is None:  # before a whole-model reload for sampling, not after
-            raise _no_tokenizer(src, plan.recipe)
+        # no weight is read yet: a --seq-len past the context or too little calibration text stops the run here
+        plan = build_plan(model, recipe, storage, _weight_reader(model, weights),
+                          before_reading=lambda r: early.append(preflight.check(r, model.config, src, tok)))
         self_calib = (recipe.calibration.spec or "self") == "self"
         # self-calibration samples from the whole float model when it fits, else from a W4 copy (_calibration)
         if not (self_calib and plan.needs_data) or not float_fits(model, recipe.max_memory):
-            return model, tok, src, weights, plan
+            return model, tok, src, weights, plan, (early or [None])[0]
         del model, weights, opened
     model, tok, src = load_float_model(str(folder), compute, recipe.device)
     unfuse_experts(model)
     # the lazy model's plan holds for the whole one (the same Linears: both split fused experts with
-    # unfuse_experts), so a bit budget's weights are not read twice
-    return model, tok, src, None, plan or build_plan(model, recipe, storage)
+    # unfuse_experts), so a bit budget's weights are not read twice. A model only a whole load reads (not
+    # safetensors, or keys to convert) is checked here, after that load.
+    plan = plan or build_plan(model, recipe, storage,
+                              before_reading=lambda r: early.append(preflight.check(r, model.config, src, tok)))
+    return model, tok, src, None, plan, (early or [None])[0]
 
 
 def _weight_reader(model, weights):
@@ -91,29 +94,17 @@ def _weight_reader(model, weights):
     return read
 
 
-def _no_tokenizer(src, recipe: Recipe) -> UserError:
-    return UserError(f"'{src}' has no tokenizer; method {recipe.quant.method} calibrates on text and needs one "
-                     "(save the tokenizer beside the model, or pass --method rtn)")
-
-
-def _calibration(recipe: Recipe, model, tok, src, weights=None):
-    """The calibration set; self-sampled text comes from a W4 copy when _load kept MODEL lazy (no float fit)."""
-    from .data import load_calibration
+def _calibration(recipe: Recipe, model, tok, weights=None):
+    """Text the model samples itself (preflight.check read any other); from a W4 copy when _load kept MODEL
+    lazy because the float model does not fit."""
     from .pipeline.sampling_copy import sample_with_rtn_copy, sampling_record
 
-    c = recipe.calibration
-    if tok is None:
-        raise _no_tokenizer(src, recipe)
-
     def load(sampler):
-        return load_calibration(spec=c.spec, tokenizer=tok, num_samples=c.num_samples, seq_len=c.seq_len,
-                                seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=sampler)
+        return preflight.calibration(recipe, tok, model=sampler)
 
-    self_calib = (c.spec or "self") == "self"
-    by_copy = self_calib and weights is not None
+    by_copy = weights is not None
     cs = sample_with_rtn_copy(model, weights, recipe.device, recipe.max_memory, load) if by_copy else load(model)
-    if self_calib:
-        cs.meta["sampled_by"] = sampling_record(model, recipe.max_memory, by_copy)
+    cs.meta["sampled_by"] = sampling_record(model, recipe.max_memory, by_copy)
     return cs.samples, cs.meta
 
 
@@ -126,10 +117,10 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     t0 = time.time()
     config = read_config(folder)
     storage = resolve_dtype(recipe.dtype, config)
-    model, tok, src, weights, plan = _load(recipe, folder, storage, lazy)
+    model, tok, src, weights, plan, early = _load(recipe, folder, storage, lazy)
     recipe = plan.recipe  # 'auto' settled by the plan: calibration and quantkit.json's recipe say what ran
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
-    calib, calib_meta = _calibration(recipe, model, tok, src, weights) if plan.needs_data else (None, None)
+    calib, calib_meta = early or (_calibration(recipe, model, tok, weights) if plan.needs_data else (None, None))
     if calib is not None:  # data-parallel: this process calibrates on its share of the samples
         calib = distributed.shard(calib)
     result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights)

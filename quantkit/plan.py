@@ -197,26 +197,31 @@ def _model_weight(model: nn.Module):
 
 
 def build_plan(model: nn.Module, recipe: Recipe, storage_dtype: torch.dtype | None = None,
-               read_weight=None) -> Plan:
+               read_weight=None, before_reading=None) -> Plan:
     """The complete plan of a run on MODEL. storage_dtype: the dtype the checkpoint is written in (default: the
     model's). read_weight(name) -> that Linear's float weight, read only for a bit budget (quant.bits); default:
-    the model's own weight, so a lazily loaded model needs a reader that fetches it."""
+    the model's own weight, so a lazily loaded model needs a reader that fetches it. before_reading(recipe): called
+    with the resolved recipe when the run needs calibration data, before a bit budget reads any weight (the
+    job's checks that need no weights: preflight.py)."""
     storage = storage_dtype or next(model.parameters()).dtype
     recipe, why = resolve(recipe, getattr(model, "config", None))
     q = recipe.quant
     group_size = default_group_size(model, recipe)
     options = SolveOptions(scale_dtype=scale_dtype_for(storage), clip_search=q.clip_search)
     schemes, budget = schemes_for(model, recipe, group_size), None
-    if q.bits is not None:
-        schemes, budget = _bit_budget(model, recipe, group_size, list(schemes), storage, options.scale_dtype,
-                                      read_weight or _model_weight(model))
-    uncovered = check_coverage(model, set(schemes), ignore_patterns(recipe))
     gptq = q.gptq if q.method in ("gptq", "awq+gptq") else None
     awq = q.awq if q.method in ("awq", "awq+gptq") else None
     signround = q.signround if q.method == "signround" else None
     smooth = _smooth(q, schemes)
+    # a bit budget only changes integer weight-only widths, which take the same solver: known before it runs
     needs = awq is not None or signround is not None or smooth is not None or q.kv_cache is not None or any(
         solver_for(q.method, s).needs_data for s in schemes.values())
+    if needs and before_reading is not None:
+        before_reading(recipe)
+    if q.bits is not None:
+        schemes, budget = _bit_budget(model, recipe, group_size, list(schemes), storage, options.scale_dtype,
+                                      read_weight or _model_weight(model))
+    uncovered = check_coverage(model, set(schemes), ignore_patterns(recipe))
     return Plan(schemes=schemes, method=q.method, group_size=group_size, options=options, needs_data=needs,
                 recipe=recipe, kv_scheme=FP8_KV_SCHEME if q.kv_cache == "fp8" else None, gptq=gptq, awq=awq,
                 signround=signround, smooth=smooth, storage_dtype=storage, uncovered=uncovered,
