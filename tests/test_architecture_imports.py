@@ -22,7 +22,7 @@ LAYERS = [
     ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.capture"],
     ["quantkit.solvers"],
     ["quantkit.recipe"],  # embeds each solver's own options model (solvers/*_options.py)
-    ["quantkit.plan", "quantkit.auto_method"],
+    ["quantkit.plan", "quantkit.auto_method", "quantkit.preflight"],
     ["quantkit.pipeline"],
     ["quantkit.job", "quantkit.gguf_job"],
     ["quantkit.runtime"],
