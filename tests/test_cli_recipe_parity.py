@@ -32,8 +32,8 @@ SAMPLES = {
     "calibration.spec": ("wikitext2", "wikitext2"), "calibration.num_samples": ("16", 16),
     "calibration.seq_len": ("64", 64), "calibration.seed": ("3", 3), "calibration.cut": ("document", "document"),
     "calibration.text_field": ("body", "body"), "calibration.min_tokens": ("8", 8),
-}
     "calibration.holdout": ("0.3", 0.3),
+}
 RUN_ONLY = ("eval", "draft")  # read by `quantkit run` (evaluation, draft training), refused by quantize
 
 
