@@ -22,4 +22,3 @@ if [ -z "${QUANTKIT_VLLM_PYTHON:-}" ]; then
   echo "making vLLM's venv (.venv-vllm) where it is missing"
   bash bench/vllm_env.sh >/dev/null
 fi
-bash bench/llama_cpp_build.sh >/dev/null  # llama.cpp tools for tests/test_gguf_llama_cpp.py, built once into ~/.cache/quantkit (long on 2 cores)

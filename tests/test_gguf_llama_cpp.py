@@ -18,6 +18,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ["q4_k_m", "q5_k_m", "q4_0", "q4_1"] + (["q3_k_m", "q6_k", "q8_0"] if os.environ.get("QUANTKIT_GGUF_ALL") else [])
 N_CTX = 128
+# Not in the README's suite yet: our encoder takes ~8 CPU-minutes per SmolLM2 export (docs/gguf.md), so four
+# exports and a first llama.cpp build would take the suite far past its 15 minutes on 2 cores. Run it with
+# QUANTKIT_LLAMA_CPP=1 until the encoder is fast enough to join the suite (issue 40).
+pytestmark = pytest.mark.skipif(not os.environ.get("QUANTKIT_LLAMA_CPP"),
+                                reason="llama.cpp acceptance runs with QUANTKIT_LLAMA_CPP=1 (see the comment above)")
 PROMPT = "The baker opened the oven and"
 
 
