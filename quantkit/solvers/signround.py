@@ -116,6 +116,9 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
     params = [p for r in rounders.values() for p in r.params()]
     mine = {Pool.index(j): j for j in train}
     n_train = Pool.count(len(train))
+    # whole-set numbers of the training samples: under torchrun the first n_train of the set (the hold-out is
+    # its last samples), in one process TRAIN itself
+    everyone = list(range(n_train)) if Pool.active() else train
     gen = torch.Generator().manual_seed(seed)
     order: list[int] = []
     for t in range(iters):
@@ -123,7 +126,7 @@ def sign_descent(block: _Block, rounders: dict, train: list[int], iters: int, lr
         picked = []
         while len(picked) < min(batch, n_train):
             if not order:
-                order = torch.randperm(n_train, generator=gen).tolist()
+                order = [everyone[j] for j in torch.randperm(n_train, generator=gen).tolist()]
             picked.append(order.pop())
         weights = {p + ".weight": r.fake() for p, r in rounders.items()}
         _backward(block, picked, mine, weights, params)
