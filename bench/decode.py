@@ -4,7 +4,8 @@ Usage: python bench/decode.py [--w4 CHECKPOINT] [--tokens 48] [--prompts 2] [--t
 The header names the CPU, its ISA flags, the caps in force (run under ATEN_CPU_CAPABILITY=avx2 or
 ONEDNN_MAX_CPU_ISA=AVX2 ... to time another CPU kind) and the path the runtime measured fastest for each Linear
 kind; below the table, W4 over float16 and W4's fraction of the read limit against issue 41's goals (1.8x, 50%).
-Each run is appended to bench/results/decode.json (machine, date, command, figures). main(argv) is callable.
+Each run is appended to bench/out/decode-runs.json (machine, date, command, figures); bench/results/decode.json
+is the harness's (`python -m bench decode`). main(argv) is callable.
 Two limits, both bytes of weights read per token over a bandwidth measured in this run: the issue's, over the
 copy bandwidth counted as bytes copied per second (a 512 MB tensor copy; the issue's "limit near 23 tok/s" for
 538 MB is this one), and a stricter one over the read bandwidth (a sum over 512 MB: a decode step reads its
@@ -34,7 +35,7 @@ from quantkit.runtime import build  # noqa: E402
 from quantkit.runtime.sampling import SamplingParams  # noqa: E402
 
 
-RESULTS = Path(__file__).resolve().parent / "results" / "decode.json"
+RESULTS = Path(__file__).resolve().parent / "out" / "decode-runs.json"
 FLOAT16, W4 = "float (fp16 weights, fp32 products)", "w4a16"
 RATIO_GOAL, LIMIT_GOAL = 1.8, 0.5  # issue 41: W4 at least 1.8x float16 decode and half the read limit
 

@@ -162,6 +162,10 @@ def peer_failures():
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        if signal.getsignal(signal.SIGTERM) is _stopped:
+            # the run is over (its temporary folder already removed): a SIGTERM torchrun sends while this process
+            # prints its line and exits must not raise again inside the interpreter's shutdown (a traceback)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def barrier() -> None:
