@@ -22,3 +22,17 @@ def resolve_device(name: str | None) -> str:
     if ":" in name and int(name[5:]) >= torch.cuda.device_count():
         raise UserError(f"--device {name}: only {torch.cuda.device_count()} CUDA GPU(s) visible; pick a lower index")
     return name
+
+
+def proc_kib(path: str, key: str) -> int | None:
+    """KEY's value from a Linux /proc status-style file (\"VmHWM:  1234 kB\") in bytes; None where there is
+    none (another OS, or the key absent)."""
+    from pathlib import Path
+
+    try:
+        for line in Path(path).read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from ..devices import proc_kib
+
 
 def checkpoint_bytes(folder: Path) -> int:
     """Bytes of the safetensors files: what the weights cost on disk and, for our runtime, in memory."""
@@ -64,11 +66,8 @@ class PeakMemory:
         if self.cuda:
             torch.cuda.synchronize()
             return int(torch.cuda.max_memory_allocated())
-        try:
-            for line in Path("/proc/self/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-        except OSError:
-            pass
+        hwm = proc_kib("/proc/self/status", "VmHWM")
+        if hwm is not None:
+            return hwm
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return peak if sys.platform == "darwin" else peak * 1024  # macOS reports bytes, Linux KiB

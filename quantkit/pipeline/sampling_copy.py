@@ -15,11 +15,11 @@ logits and allocator slack, are at most the cap on the host (the whole float mod
 from __future__ import annotations
 
 import gc
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..devices import proc_kib
 from ..distributed import agree
 from ..errors import UserError
 from ..linear.quant import QuantLinear
@@ -46,12 +46,9 @@ def free_bytes(device: str) -> int:
     """What DEVICE has free now: the host's MemAvailable, or the GPU's free memory."""
     if device.startswith("cuda"):
         return torch.cuda.mem_get_info(torch.device(device))[0]
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    available = proc_kib("/proc/meminfo", "MemAvailable")
+    if available is not None:
+        return available
     import os
 
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

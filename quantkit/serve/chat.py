@@ -1,8 +1,6 @@
 """POST /v1/chat/completions: messages in (through the model's chat template), the assistant's answer out."""
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -33,9 +31,8 @@ def template_ids(tok, messages: list[Message]) -> list[int]:
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: Request):
-    received = time.perf_counter()
     state: ServeState = request.app.state.serve
-    body = await read_body(request, ChatBody)
+    body, received = await read_body(request, ChatBody)
     check_model(state, body)
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError("top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")

@@ -1,8 +1,6 @@
 """POST /v1/completions: text (or token ids) in, its continuation out; `echo` and `logprobs` as OpenAI's."""
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -33,9 +31,8 @@ async def prompt_ids(state: ServeState, prompt, echo: bool) -> tuple[list[int], 
 
 @router.post("/v1/completions")
 async def completions(request: Request):
-    received = time.perf_counter()
     state: ServeState = request.app.state.serve
-    body = await read_body(request, CompletionBody)
+    body, received = await read_body(request, CompletionBody)
     check_model(state, body)
     ids, text = await prompt_ids(state, body.prompt, bool(body.echo))
     check_prompt(state, ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
@@ -85,7 +86,9 @@ def check_prompt(state: ServeState, ids: list[int]) -> None:
 
 
 async def read_body(request, cls):
-    return await run_in_threadpool(parse, await request.body(), cls)
+    """(the parsed body, when reading it began: the start of the request's time split, metrics.split_s)"""
+    received = time.perf_counter()
+    return await run_in_threadpool(parse, await request.body(), cls), received
 
 
 def check_model(state: ServeState, body) -> None:
