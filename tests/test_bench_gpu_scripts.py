@@ -1,10 +1,9 @@
 """The GPU bench scripts and bench/gpu_check.sh are ready for the device run: each script's --help works, and
 without a GPU each exits 2 with one line saying so (torch.cuda.is_available is patched, so this holds on GPU
 machines too); the check script parses and names only test files and scripts that exist."""
-import importlib
+import importlib.util
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,17 +13,19 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ["kernels", "fp8_gpu", "decode_gpu"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def bench_on_path():
-    sys.path.insert(0, str(BENCH))
-    yield
-    sys.path.remove(str(BENCH))
+def _script(name):
+    """Load bench/NAME.py from its file: by bare module name, `kernels` could resolve to another module already
+    imported in this worker (a CI run did), and the test would check the wrong file."""
+    spec = importlib.util.spec_from_file_location(f"bench_gpu_script_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_help(name, capsys):
     with pytest.raises(SystemExit) as e:
-        importlib.import_module(name).main(["--help"])
+        _script(name).main(["--help"])
     assert e.value.code == 0 and "usage:" in capsys.readouterr().out
 
 
@@ -32,7 +33,7 @@ def test_help(name, capsys):
 def test_without_a_gpu_one_line_and_exit_2(name, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit) as e:
-        importlib.import_module(name).main([])
+        _script(name).main([])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and f"bench/{name}.py needs a CUDA GPU" in err[0]
 
