@@ -35,9 +35,9 @@ def _samples(n=4, length=24, seed=0):
     return [torch.randint(0, 256, (length,), generator=g) for _ in range(n)]
 
 
-def _quantize(out, model, quant: dict):
+def _quantize(out, model, quant: dict, calibration: dict | None = None):
     """The pipeline of quantize_to_checkpoint minus model/tokenizer loading (the tiny model has no tokenizer)."""
-    recipe = Recipe.model_validate({"quant": quant})
+    recipe = Recipe.model_validate({"quant": quant, "calibration": calibration or {}})
     res = quantize_model(model, build_plan(model, recipe), _samples())
     kv = KV_SCHEME if quant.get("kv_cache") == "fp8" else None
     write_checkpoint(out, model, res.qweights, build_plan(model, recipe).schemes, None, {}, res.tensors, kv)

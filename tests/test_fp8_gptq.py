@@ -126,7 +126,7 @@ def test_checkpoint_round_trip_with_gptq(tmp_path, scheme):
     model = _model(seed=2)
     ref_rtn = _quantize(tmp_path / "rtn", _model(seed=2), {"scheme": scheme})
     # no held-out guard: on this tiny random model it may keep RTN's codes, and GPTQ's are what is tested here
-    res = _quantize(tmp_path / "out", model, {"scheme": scheme, "method": "gptq", "gptq": {"holdout": 0}})
+    res = _quantize(tmp_path / "out", model, {"scheme": scheme, "method": "gptq"}, {"holdout": 0})
     ours = quantkit.load(tmp_path / "out", dtype=torch.float32, exact=True)
     assert sum(isinstance(m, FP8Linear) for m in ours.modules()) == 14
     name = "model.layers.0.mlp.down_proj"

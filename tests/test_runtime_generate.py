@@ -33,12 +33,9 @@ def test_greedy_matches_transformers_generate_real_model():
     path = embedded_model_dir()
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "1, 2, 3, 4,",
-             "The best way to learn a language is", "import numpy as np\n", "Water boils at",
-             "My favourite fruit is", "In 1969,", "The quick brown fox", "Dear Sir or Madam,",
-             "SELECT * FROM", "The mitochondria is", "To make a cup of tea,", "Q: What is 2+2?\nA:",
-             "Paris and London are", "The sun rises in the", "Machine learning is", "for i in range(",
-             "Roses are red,", "The opposite of hot is"]
+    # prose, code, numbers, a question, a letter: kinds of continuation the model handles differently
+    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4,", "import numpy as np\n",
+             "Q: What is 2+2?\nA:", "Dear Sir or Madam,", "SELECT * FROM", "Roses are red,"]
     for text in texts:
         ids = tok(text)["input_ids"]
         seq = generate(model, ids, SamplingParams(max_tokens=12, ignore_eos=True), eos=set())

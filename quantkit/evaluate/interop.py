@@ -4,7 +4,7 @@ A checkpoint is right when the engines people serve with load it and score it as
 dtype it will be served in. For each case this writes a checkpoint of the embedded SmolLM2-135M (scales in
 the serving dtype), scores the same token windows and greedy prompts in both engines and compares. Schemes
 vLLM's CPU build has no kernel for are still offered to it, and what it answers is recorded as GPU-only.
-Used by tests/test_vllm_interop.py (the gate) and bench/vllm_interop.py (the table in docs/vllm.md).
+Used by tests/test_vllm_interop.py (the gate) and `python -m bench interop` (the table in docs/vllm.md).
 """
 from __future__ import annotations
 
@@ -14,12 +14,15 @@ from pathlib import Path
 
 from .backends import Scores, compare, score_quantkit, score_transformers, score_vllm
 
-CALIB = {"calibration.spec": "{texts}/prose_calib.txt", "calibration.num_samples": 16, "calibration.seq_len": 128}
+# the guards' hold-out off: what is checked here is the layout vLLM reads, not which rounding a guard keeps
+CALIB = {"calibration.spec": "{texts}/prose_calib.txt", "calibration.num_samples": 8, "calibration.seq_len": 128,
+         "calibration.holdout": 0.0}
 # AWQ's format is what is checked here, not its search: a coarse grid on few tokens keeps CI short
 AWQ_FAST = {"quant.awq.grid": 5, "quant.awq.search_tokens": 512}
-# A scheme with no fast CPU kernel known is offered to vLLM with one short window, in a worker of its own: its
-# CPU build may refuse it at load (8-bit weight-only), or run it on a reference GEMM (FP8 through oneDNN's
-# ref:any matmul: about 2 s per token on a 2-core Xeon), or hang; the limit turns a hang into an answer.
+# A scheme with no fast CPU kernel known is offered to vLLM with one short window, after every other job of the
+# same worker and with a time limit of its own: its CPU build may refuse it at load (8-bit weight-only), or run
+# it on a reference GEMM (FP8 through oneDNN's ref:any matmul: about 2 s per token on a 2-core Xeon), or hang;
+# the limit turns a hang into an answer, and coming last, a hang costs no other case its answer.
 PROBE_TOKENS = 32
 PROBE_TIMEOUT = 300  # seconds
 MIXED = [{"match": "re:.*mlp\\.down_proj", "scheme": "w4a16", "group_size": 32}]
@@ -40,7 +43,7 @@ class Case:
     # 1-2% perplexity apart on SmolLM2, whose int8 activations amplify any rounding change)
     reference: str = "transformers"
     # in the test suite's gate; False: a layout a gated case already loads (the same packed tensors and config,
-    # another solver or dtype), scored for the full table by bench/vllm_interop.py only, to keep CI short
+    # another solver or dtype), scored for the full table by `python -m bench interop` only, to keep CI short
     gate: bool = True
     # token windows of 128 scored; quantised activations need more (see ppl_bound)
     windows: int = 4
@@ -131,13 +134,14 @@ def run(cases: list[Case], paths: list[Path], windows, prompts, max_new: int, vl
     # with the checkpoint's k_scale/v_scale is scored beside it as a second job
     extra = [{**jobs[i], "prompts": [], "kv_cache_dtype": cases[i].kv_cache_dtype} for i in kv]
     extra += [{**jobs[i], "model": str(controls[i]), "prompts": []} for i in controls]
-    answers = score_vllm([jobs[i] for i in served_here] + extra, vllm_python, no_amx=no_amx)
+    probed = [i for i, c in enumerate(cases) if c.probe]
+    probes = [{**jobs[i], "timeout_s": PROBE_TIMEOUT} for i in probed]
+    answers = score_vllm([jobs[i] for i in served_here] + extra + probes, vllm_python,
+                         timeout=3600 + PROBE_TIMEOUT * len(probes), no_amx=no_amx)
     served = dict(zip(served_here, answers))
     kv_scores = dict(zip(kv, answers[len(served_here):]))
     control_scores = dict(zip(controls, answers[len(served_here) + len(kv):]))
-    for i, c in enumerate(cases):  # each in a worker of its own, with a limit: a reference GEMM can take minutes
-        if c.probe:
-            served[i] = score_vllm([jobs[i]], vllm_python, timeout=PROBE_TIMEOUT, no_amx=no_amx)[0]
+    served.update(zip(probed, answers[len(served_here) + len(extra):]))
     rows = []
     for i, (case, path) in enumerate(zip(cases, paths)):
         vl, job = served[i], jobs[i]
