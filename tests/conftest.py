@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 # Triton kernels run on the CPU through the interpreter; it must be chosen before triton is first imported.
 try:
@@ -30,8 +31,8 @@ from helpers import TINY_ARCHS, make_tiny_model  # noqa: E402,F401
 
 
 def pytest_collection_modifyitems(config, items):
-    """The vLLM acceptance tests first: they are the longest file (minutes of one vLLM worker), so under
-    `-n 2 --dist loadfile` one process runs them while the other works through everything else."""
+    """The vLLM acceptance tests first: their two files are the longest (minutes of one vLLM worker each), so
+    under `-n 2 --dist loadfile` each process starts with one of them and both then work through the rest."""
     items.sort(key=lambda item: item.get_closest_marker("vllm") is None)
 
 
@@ -66,3 +67,26 @@ def cli(capsys):
         return code, out, err
 
     return run
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """vLLM's Python: QUANTKIT_VLLM_PYTHON, else the venv bench/vllm_env.sh makes (or finds)."""
+    import subprocess
+
+    explicit = os.environ.get("QUANTKIT_VLLM_PYTHON")
+    if explicit:
+        return explicit
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(["bash", str(root / "bench" / "vllm_env.sh")], capture_output=True, text=True,
+                          timeout=1800, cwd=root)
+    assert proc.returncode == 0, f"bench/vllm_env.sh failed:\n{proc.stderr[-3000:]}"
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="session")
+def vllm_tokens():
+    """Windows and prompts held out from every calibration set the vLLM cases use."""
+    from quantkit.evaluate import interop
+
+    return interop.eval_tokens(Path(__file__).resolve().parents[1] / "bench" / "data" / "eval_prose.txt")
