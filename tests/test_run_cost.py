@@ -216,6 +216,6 @@ def test_peak_memory_estimate_bounds_a_real_quantize(tmp_path):
     r = json.loads(p.stdout.strip().splitlines()[-1])
     used = r["peak"] - r["base"]
     est = run_cost.peak_bytes(shape_from_config(big), "gptq", samples, seq, 1, dtype_bytes=4)
-    # measured 1.84x the estimate (2026-12-03): the writer's serialised copies, the GPTQ guard's extra Hessians
-    # and the allocator's slack are not modelled; the stated factor is 2 either way
+    # measured 1.84x and 2.05x the estimate without its "writing" part (2026-12-03; the second in CI); with it,
+    # what is still not modelled is the allocator's slack; the stated factor is 2 either way
     assert est["total"] / 2 <= used <= 2 * est["total"], (used, est)

@@ -149,6 +149,10 @@ def peak_bytes(s: Shape, method: str, samples: int, seq_len: int, ranks: int = 1
         # every solved Linear's codes and scales are kept until the checkpoint is written, then packed
         "output": s.layers * sum(result_bytes(lin, group_size) + lin.out * lin.inp // 2 for lin in lins),
     }
+    # safetensors turns every tensor of a shard into bytes before it writes the file: one shard held twice
+    from ..formats.compressed_tensors import SHARD_BYTES
+
+    parts["writing"] = min(parts["output"] + parts["outside_layers"], SHARD_BYTES)
     if method == "gptq":
         per_stage: dict[int, int] = {}
         for lin in lins:
