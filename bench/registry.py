@@ -24,6 +24,7 @@ SUITES = {
     "kernels": "bench.kernels_suite",
     "interop": "bench.interop",
     "scaling": "bench.scaling_suite",
+    "serve_split": "bench.serve_split",
 }
 
 # the instruction-set flags that choose CPU kernels (AVX-512 and AMX paths in torch, oneDNN and FBGEMM)
