@@ -177,6 +177,24 @@ def _tiny_w4_model():
     return model
 
 
+def test_each_timed_call_runs_its_own_candidates_path(tmp_path):
+    """The W4 candidates share one module: every candidate is built before the rounds time them, so a build
+    that set the path would have timed the last-built path under every name (seen: both at 470 us, a tie)."""
+    model = _tiny_w4_model()
+    q = model.model.layers[0].self_attn.q_proj
+    ran = []
+
+    def timer(name, fn):
+        fn()
+        ran.append((name, q._cpu_path))
+        return 1.0
+
+    with torch.inference_mode():
+        dispatch.choose(q, dispatch.schemes(model), cpu_fast=True, name="q_proj",
+                        chooser=Chooser(Cache(tmp_path / "c.json", FIELDS), timer, "measure"))
+    assert len({n for n, _ in ran}) >= 2 and all(name == path for name, path in ran), ran
+
+
 def test_a_load_records_its_choices_caches_them_and_explains_them(monkeypatch, tmp_path):
     monkeypatch.setenv("QUANTKIT_KERNEL_CHOICE", "measure")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))

@@ -51,11 +51,13 @@ def _truth(weight_fn, bias: torch.Tensor | None):
 
 
 def _forced(module: QuantLinear, path: str):
-    def build():
+    """The module run on PATH. The path is set on each call, not when built: the chooser builds every
+    candidate before timing them in interleaved rounds, and they share the one module."""
+    def run(x):
         module._cpu_path = path  # decide() honours it; the final choice is set after all are tried
-        return module
+        return module(x)
 
-    return build
+    return lambda: run
 
 
 def choose_quant(module: QuantLinear, chooser: Chooser, name: str) -> Choice:
