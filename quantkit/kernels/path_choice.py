@@ -62,7 +62,7 @@ class Choice:
     path: str
     times_us: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, str] = field(default_factory=dict)  # path -> why it could not be chosen
-    source: str = "measured"  # measured | busy (measured, not cached) | cached | preferred
+    source: str = "measured"  # measured | cached | preferred
     modules: list[str] = field(default_factory=list)
 
     def why(self) -> str:
@@ -70,8 +70,7 @@ class Choice:
             return f"first candidate ({MODE_ENV}=preferred: neither checked nor timed)"
         times = ", ".join(f"{p} {t:.1f} us" for p, t in sorted(self.times_us.items(), key=lambda kv: kv[1]))
         wrong = "".join(f"; {p} refused: {r}" for p, r in self.rejected.items())
-        note = {"cached": " [cached]", "busy": " [machine busy: not cached]"}.get(self.source, "")
-        return f"fastest at 1 row, ties within {TIE_MARGIN:.0%} to the earlier ({times}){wrong}{note}"
+        return f"fastest at 1 row, ties within {TIE_MARGIN:.0%} to the earlier ({times}){wrong}" + (" [cached]" if self.source == "cached" else "")
 
 
 def mode() -> str:
@@ -188,16 +187,6 @@ def best_us(fn: Callable[[], object], *, warmup: int = 3, reps: int = 25, budget
     return best * 1e6
 
 
-def busy() -> bool:
-    """Whether other work held more than the cores over the last minute. Choices timed then are not written to
-    the cache: interleaved rounds outvote a burst, not a sustained load, and under one every candidate times
-    alike (measured: cpu-int4pack 460 us against its quiet 29 us, a tie with the dequantising path)."""
-    try:
-        return os.getloadavg()[0] > (os.cpu_count() or 1)
-    except OSError:
-        return False
-
-
 Timer = Callable[[str, Callable[[], object]], float]
 
 
@@ -251,8 +240,6 @@ class Chooser:
         # within timing noise of the fastest, the earlier (preferred) candidate: it is what neighbouring
         # modules of the same kind get, and like layouts fuse (linear/fused.py)
         path = next(p for p in times if times[p] <= fastest * (1 + TIE_MARGIN))
-        if busy():  # kept for this load only: under sustained load every candidate times alike
-            return Choice(key, path, times, rejected, "busy")
         choice = Choice(key, path, times, rejected)
         self.cache.put(key, choice)
         return choice
