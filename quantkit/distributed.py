@@ -136,6 +136,13 @@ def broadcast(obj, src: int):
     return torch.load(io.BytesIO(box[0]), weights_only=False)
 
 
+def least(n: int) -> int:
+    """The smallest N any rank holds (what every rank can afford, when each measured its own memory)."""
+    if not active():
+        return n
+    return -int(Pool.max(torch.tensor([-float(n)], dtype=torch.float64, device=_device())).item())
+
+
 def agree(ok: bool) -> bool:
     """True when every rank says ok: a rank that fails before the first collective must not leave the others
     waiting in it."""

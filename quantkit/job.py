@@ -67,7 +67,8 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
                           before_reading=lambda r: early.append(preflight.check(r, model.config, src, tok)))
         self_calib = (recipe.calibration.spec or "self") == "self"
         # self-calibration samples from the whole float model when it fits, else from a W4 copy (_calibration)
-        if not (self_calib and plan.needs_data) or not float_fits(model, recipe.max_memory):
+        if not (self_calib and plan.needs_data) or not float_fits(model, recipe.max_memory,
+                                                                  recipe.calibration.seq_len):
             return model, tok, src, weights, plan, (early or [None])[0]
         del model, weights, opened
     model, tok, src = load_float_model(str(folder), compute, recipe.device)
@@ -97,13 +98,16 @@ def _weight_reader(model, weights):
 def _calibration(recipe: Recipe, model, tok, weights=None):
     """Text the model samples itself (preflight.check read any other); from a W4 copy when _load kept MODEL
     lazy because the float model does not fit."""
-    from .pipeline.sampling_copy import sample_with_rtn_copy, sampling_record
+    from .pipeline.sampling_copy import float_rows, sample_with_rtn_copy, sampling_record
 
-    def load(sampler):
-        return preflight.calibration(recipe, tok, model=sampler)
+    def load(sampler, rows: int):
+        return preflight.calibration(recipe, tok, model=sampler, batch_size=rows)
 
-    by_copy = weights is not None
-    cs = sample_with_rtn_copy(model, weights, recipe.device, recipe.max_memory, load) if by_copy else load(model)
+    by_copy, seq_len = weights is not None, recipe.calibration.seq_len
+    if by_copy:
+        cs = sample_with_rtn_copy(model, weights, recipe.device, recipe.max_memory, seq_len, load)
+    else:
+        cs = load(model, float_rows(model, recipe.max_memory, seq_len))
     cs.meta["sampled_by"] = sampling_record(model, recipe.max_memory, by_copy)
     return cs.samples, cs.meta
 

@@ -27,13 +27,15 @@ def check_seq_len(seq_len: int, config, src) -> None:
                         f"config.json {limit[1]}); pass --seq-len {limit[0]} or less")
 
 
-def calibration(recipe, tokenizer, model=None):
-    """The recipe's calibration set (model: what samples text for spec "self")."""
+def calibration(recipe, tokenizer, model=None, **self_options):
+    """The recipe's calibration set (model: what samples text for spec "self", with self_options such as
+    batch_size)."""
     from .data import load_calibration
 
     c = recipe.calibration
     return load_calibration(spec=c.spec, tokenizer=tokenizer, num_samples=c.num_samples, seq_len=c.seq_len,
-                            seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=model)
+                            seed=c.seed, cut=c.cut, text_field=c.text_field, min_tokens=c.min_tokens, model=model,
+                            **self_options)
 
 
 def check(recipe, config, src, tokenizer):

@@ -16,7 +16,8 @@ PKG = Path(__file__).resolve().parents[1] / "quantkit"
 # matches it. No exceptions: every package sits whole in one layer.
 LAYERS = [
     ["quantkit.version", "quantkit.errors", "quantkit.e4m3", "quantkit.fp4", "quantkit.schemes", "quantkit.qweight",
-     "quantkit.targets", "quantkit.shipped", "quantkit.distributed", "quantkit.dtypes", "quantkit.devices"],
+     "quantkit.targets", "quantkit.shipped", "quantkit.distributed", "quantkit.dtypes", "quantkit.devices",
+     "quantkit.heap"],
     ["quantkit.formats"],
     ["quantkit.kernels"],
     ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.capture"],

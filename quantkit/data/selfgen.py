@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from .. import heap
 from .tokens import prefix_special_ids
 
 DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "batch_size": 32}
+TRIM_EVERY = 16  # steps between heap trims (heap.py): bounds the growth, at a small cost per step
 
 
 def _top_p_sample(logits: torch.Tensor, temperature: float, top_p: float, g: torch.Generator) -> torch.Tensor:
@@ -74,6 +76,8 @@ def sample_from_model(model, tokenizer, num_samples: int, seq_len: int, seed: in
             out = model(input_ids=ids.to(device), use_cache=True)
             new = []
             for step in range(n_new):
+                if step % TRIM_EVERY == 0:
+                    heap.trim()  # each step's KV cache outgrows the last; the freed blocks are not reused
                 nxt = _top_p_sample(out.logits[:, -1, :vocab].cpu(), temperature, top_p, g)
                 new.append(nxt)
                 if step + 1 < n_new:

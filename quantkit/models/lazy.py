@@ -17,7 +17,6 @@ ordinary way. A shape that does not match config.json is an error (shape_check.p
 """
 from __future__ import annotations
 
-import ctypes
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .. import heap
 from ..errors import UserError
 from ..formats.moe_names import from_checkpoint
 from .hf import (check_linear_projections, decoder_layers, load_error, load_tokenizer, meta_model, read_config,
@@ -123,21 +123,11 @@ class LazyWeights:
             mod, leaf = self.slots[key][0]
             w = mod._parameters[leaf]
             self._replace(key, nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False))
-        _trim_heap()
+        heap.trim()
 
     def _replace(self, key: str, new) -> None:
         for m, lf in self.slots[key]:
             m._parameters[lf] = new
-
-
-def _trim_heap() -> None:
-    """Hand freed heap pages back to the OS. glibc serves the layer-sized blocks freed here from its heap once
-    its mmap threshold has grown, and without a trim the freed gaps between the kept codes stay resident:
-    measured on a 1.4B llama, RSS grew by ~3.5 bytes per parameter instead of the 1 byte the codes take."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def meta_tensors(model: nn.Module) -> list[str]:

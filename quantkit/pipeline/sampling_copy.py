@@ -8,9 +8,10 @@ checkpoint runs with, and the float weights dropped; norms stay in the compute d
 are the lazily opened model's own tensors, shared rather than copied. data/selfgen samples from the copy, which is
 freed before the float layers stream again for the real quantisation.
 
-The float model fits when its weights in the compute dtype, plus SAMPLING_MARGIN for the sampler's KV cache,
-logits and allocator slack, are at most the cap on the host (the whole float model is loaded and samples there):
-`--max-memory`'s entry for cpu, else the host's available memory.
+Sampling holds the sampling model and, per row sampled at once, that row's KV cache at full length and the
+sampler's work on its next-token logits (row_bytes), plus SAMPLING_MARGIN of the whole for the allocator. The
+float model samples when that fits one row beside it in the cap on the host (`--max-memory`'s entry for cpu,
+else the host's available memory); the rows sampled at once are as many as fit, at most selfgen's batch.
 """
 from __future__ import annotations
 
@@ -19,12 +20,13 @@ import gc
 import torch
 from torch import nn
 
+from .. import distributed, heap
+from ..data.selfgen import DEFAULTS as SAMPLER
 from ..devices import proc_kib
-from ..distributed import agree
 from ..errors import UserError
 from ..linear.quant import QuantLinear
 from ..models.hf import meta_model
-from ..models.lazy import LazyWeights, _trim_heap
+from ..models.lazy import LazyWeights
 from ..recipe.memory_cap import cap_for, parse_max_memory
 from ..schemes import fitting_group_size, get_scheme
 from ..solvers.rtn import rtn_quantize
@@ -35,6 +37,9 @@ COPY_NAME = "rtn-w4 copy"
 # bytes a W4 weight takes in the copy: half a byte of codes, and on a CPU half a byte more for the copy torch's
 # int4 op repacks them into; the scales (one per group) are counted apart
 _CODE_BYTES = {"cpu": 1.0, "cuda": 0.5}
+# numbers per vocabulary entry the sampler holds for a row's next token: logits, probabilities, their sorted
+# copy, its order (int64: two), cumulative sums and the kept mass (selfgen._top_p_sample)
+_SAMPLER_NUMBERS = 7
 
 
 def float_bytes(model: nn.Module) -> int:
@@ -54,16 +59,47 @@ def free_bytes(device: str) -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
+def given_cap(max_memory: str | None, device: str) -> int | None:
+    """--max-memory's cap on DEVICE, None where it gives none."""
+    return cap_for(parse_max_memory(max_memory), device) if max_memory else None
+
+
 def cap_bytes(max_memory: str | None, device: str) -> int:
     """The cap on DEVICE: --max-memory's entry for it, else what it has free."""
-    cap = cap_for(parse_max_memory(max_memory), device) if max_memory else None
+    cap = given_cap(max_memory, device)
     return free_bytes(device) if cap is None else cap
 
 
-def float_fits(model: nn.Module, max_memory: str | None) -> bool:
-    """Whether the whole float model may be loaded to sample; every rank of a torchrun job decides the same way,
-    or the ranks would calibrate on different text."""
-    return agree(float_bytes(model) * (1 + SAMPLING_MARGIN) <= cap_bytes(max_memory, "cpu"))
+def row_bytes(model: nn.Module, seq_len: int) -> int:
+    """What one row sampled at once adds: its KV cache at SEQ_LEN tokens, in the model's dtype, and the
+    sampler's float32 work on its next-token logits."""
+    text = model.config.get_text_config()
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    size = next(model.parameters()).element_size()
+    vocab = model.get_output_embeddings().weight.shape[0]
+    return text.num_hidden_layers * 2 * kv_heads * head_dim * seq_len * size + _SAMPLER_NUMBERS * 4 * vocab
+
+
+def rows_that_fit(held: int, row: int, cap: int) -> int:
+    """Rows sampled at once beside HELD bytes of model, at most selfgen's batch; 0 when not even one fits.
+    Every rank samples the same text, so every rank takes the fewest any of them can afford."""
+    rows = int((cap / (1 + SAMPLING_MARGIN) - held) // row)
+    return distributed.least(max(0, min(SAMPLER["batch_size"], rows)))
+
+
+def float_fits(model: nn.Module, max_memory: str | None, seq_len: int) -> bool:
+    """Whether the whole float model may be loaded to sample: with at least one row beside it."""
+    return rows_that_fit(float_bytes(model), row_bytes(model, seq_len), cap_bytes(max_memory, "cpu")) > 0
+
+
+def float_rows(model: nn.Module, max_memory: str | None, seq_len: int) -> int:
+    """Rows the loaded float MODEL samples at once (float_fits said one fits): beside it within --max-memory,
+    or within what the host has free now that it is loaded."""
+    cap = given_cap(max_memory, "cpu")
+    held = 0 if cap is None else float_bytes(model)
+    return max(1, rows_that_fit(held, row_bytes(model, seq_len), cap_bytes(max_memory, "cpu")))
 
 
 def sampling_record(model: nn.Module, max_memory: str | None, by_copy: bool) -> dict:
@@ -73,36 +109,35 @@ def sampling_record(model: nn.Module, max_memory: str | None, by_copy: bool) -> 
 
 
 def copy_bytes(model: nn.Module, layers_name: str, device: str) -> int:
-    """What the copy adds: the decoder layers' Linears as W4 codes and scales, their other tensors in float, and
-    (on a GPU) the shared embeddings and head, which a GPU copy cannot share with the host."""
+    """What sampling from the copy holds on DEVICE: the decoder layers' Linears as W4 codes and scales, their
+    other tensors in float, and the embeddings and head (on the host the opened model's own, on a GPU a copy)."""
     code = _CODE_BYTES["cpu" if device == "cpu" else "cuda"]
     total = 0
-    for name, mod in model.named_modules():
-        if not name.startswith(f"{layers_name}."):
-            continue
-        for leaf, p in mod.named_parameters(recurse=False):
-            linear = type(mod) is nn.Linear and leaf == "weight"
-            total += int(p.numel() * (code + p.element_size() / GROUP)) if linear else p.numel() * p.element_size()
-    if device != "cpu":
-        total += sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                     if not n.startswith(f"{layers_name}."))
+    for name, p in model.named_parameters():
+        mod = model.get_submodule(name.rpartition(".")[0])
+        linear = name.startswith(f"{layers_name}.") and type(mod) is nn.Linear and name.endswith(".weight")
+        total += int(p.numel() * (code + p.element_size() / GROUP)) if linear else p.numel() * p.element_size()
     return total
 
 
-def sample_with_rtn_copy(model: nn.Module, weights: LazyWeights, device: str, max_memory: str | None, sample):
-    """sample(copy) with a W4 RTN copy of the lazily opened MODEL on DEVICE, freed again before returning."""
+def sample_with_rtn_copy(model: nn.Module, weights: LazyWeights, device: str, max_memory: str | None, seq_len: int,
+                         sample):
+    """sample(copy, rows) with a W4 RTN copy of the lazily opened MODEL on DEVICE, rows being how many are
+    sampled at once within the cap; the copy is freed again before returning."""
     need = copy_bytes(model, weights.layers_name, device)
-    if need > cap_bytes(max_memory, device):
+    rows = rows_that_fit(need, row_bytes(model, seq_len), cap_bytes(max_memory, device))
+    if rows == 0:
         raise UserError(f"neither the float model ({float_bytes(model) / 2**30:.2f} GiB) nor its W4 copy "
-                        f"({need / 2**30:.2f} GiB) fits in {max_memory or 'the free memory'} on {device} to sample "
-                        "calibration text; raise --max-memory or calibrate on a dataset (--calib wikitext2 or a file)")
+                        f"({need / 2**30:.2f} GiB) with a {seq_len}-token KV cache fits in "
+                        f"{max_memory or 'the free memory'} on {device} to sample calibration text; raise "
+                        "--max-memory or calibrate on a dataset (--calib wikitext2 or a file)")
     copy = _build(model, weights, device)
     try:
-        return sample(copy)
+        return sample(copy, rows)
     finally:
         del copy
         gc.collect()
-        _trim_heap()
+        heap.trim()
 
 
 def _build(model: nn.Module, weights: LazyWeights, device: str) -> nn.Module:
