@@ -1,12 +1,9 @@
 """--max-memory and the default that fits (issue 39.5): sizes parsed as accelerate writes them, bad ones refused in
-one line; the round-to-nearest W4 copy that samples self-calibration text when the float model does not fit; and
-the default quantize run on SmolLM2 under a cap below its float size, against the uncapped default."""
+one line; the round-to-nearest W4 copy that samples self-calibration text when the float model does not fit, and
+the rows it samples at once within the cap. (The default run on SmolLM2 under a cap below its float size, with
+its peak measured, is not here yet: docs/distributed.md, "Not done yet".)"""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -124,107 +121,3 @@ def test_rows_sampled_at_once_are_what_the_cap_leaves_beside_the_model(tmp_path)
     cap = f"{int((held + 2.5 * row) * (1 + sc.SAMPLING_MARGIN))}"
     sc.sample_with_rtn_copy(model, weights, "cpu", cap, 64, lambda copy, rows: seen.append(rows))
     assert seen == [2]
-
-
-# Runs in its own process: quantkit's imports and one-time set-ups (about 135 MB: transformers' model code,
-# kernel libraries) are not what --max-memory caps, so a warm-up run under the same cap pays them first. The peak
-# of each stage is then the anonymous memory (heap and mapped blocks; not the page cache of the files it reads)
-# above what the warmed process held, read every millisecond by a thread.
-_PROBE = """
-import gc, json, sys, threading
-import quantkit.formats.writer as writer
-import quantkit.pipeline as pipeline
-import quantkit.pipeline.sampling_copy as sampling_copy
-from quantkit import heap
-from quantkit.cli import main
-
-def anon():
-    for line in open("/proc/self/status"):
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-
-stage, peaks = ["other"], {}
-
-def staged(module, name, label):
-    inner = getattr(module, name)
-    def run(*args, **kwargs):
-        stage[0] = label
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            stage[0] = "other"
-    setattr(module, name, run)
-
-staged(sampling_copy, "sample_with_rtn_copy", "sampling")
-staged(pipeline, "quantize_model", "solving")
-staged(writer, "write_checkpoint", "writing")
-
-def run(args):
-    sys.argv = ["quantkit", *args]
-    try:
-        main()
-    except SystemExit as e:
-        if e.code:
-            raise
-
-out, cap, samples, seq_len = sys.argv[1:5]
-run(["quantize", "-o", out + "-warm", "--num-samples", "2", "--seq-len", "16", "--max-memory", cap, "-q"])
-gc.collect()
-heap.trim()
-base, done = anon(), threading.Event()
-peaks.clear()
-
-def watch():
-    while not done.is_set():
-        peaks[stage[0]] = max(peaks.get(stage[0], 0), anon() - base)
-        done.wait(0.001)
-
-t = threading.Thread(target=watch)
-t.start()
-try:
-    run(["quantize", "-o", out, "--num-samples", samples, "--seq-len", seq_len, "--max-memory", cap, "-q"])
-finally:
-    done.set()
-    t.join()
-print(json.dumps(peaks))
-"""
-
-
-@pytest.mark.slow
-def test_the_default_samples_and_solves_under_a_cap_below_the_float_model(tmp_path):
-    """The default (no MODEL: the embedded SmolLM2-135M; --method auto, self-sampled text) under --max-memory
-    cpu=448MiB, below the 513 MiB SmolLM2 takes in float32 (what it computes in on a CPU; its bfloat16 file is
-    257 MiB): the W4 copy samples the text, sampling and solving stay under the cap, and the checkpoint scores
-    within 1% of the uncapped default's on held-out prose. 8 x 128 tokens keep it to about a minute a run.
-
-    Writing is not held to the cap yet (issue 39 stays open): it holds the checkpoint's tensors, and safetensors
-    a second copy of them, beside every layer's codes (measured 577 MiB above the start, against 335 sampling and
-    363 solving). The two runs calibrate on different text (sampled by the copy and by the float model), which
-    moves perplexity either way by about as much as the bound (8 x 128: +0.6%; 16 x 256: -1.7%), so only a
-    loss is bounded."""
-    from transformers import AutoTokenizer
-
-    from quantkit.data import load_eval_windows
-    from quantkit.evaluate.backends import score_quantkit
-    from quantkit.models.embedded import embedded_model_dir
-
-    cap, samples, seq_len = "cpu=448MiB", "8", "128"
-    capped, free = tmp_path / "capped", tmp_path / "free"
-    p = subprocess.run([sys.executable, "-c", _PROBE, str(capped), cap, samples, seq_len],
-                       capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    peaks = json.loads(p.stdout.strip().splitlines()[-1])
-    p = subprocess.run([sys.executable, "-m", "quantkit", "quantize", "-o", str(free), "--num-samples", samples,
-                        "--seq-len", seq_len, "-q"], capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stderr[-3000:]
-    by_capped, by_free = (json.loads((d / "quantkit.json").read_text())["calibration"]["sampled_by"]
-                          for d in (capped, free))
-    assert by_capped["model"] == "rtn-w4 copy" and by_free["model"] == "float"
-    limit = parse_max_memory(cap)["cpu"]
-    assert by_capped["float_bytes"] > limit  # the float model, as the run computes in it, does not fit
-    assert 0 < peaks["sampling"] <= limit and 0 < peaks["solving"] <= limit, (peaks, limit)
-    windows = [list(w) for w in load_eval_windows(str(ROOT / "bench" / "data" / "eval_prose.txt"),
-                                                  AutoTokenizer.from_pretrained(embedded_model_dir()),
-                                                  seq_len=512, max_windows=8)]
-    ppl_capped, ppl_free = (score_quantkit(str(d), windows, [], 0, "float32").perplexity for d in (capped, free))
-    assert ppl_capped <= ppl_free * 1.01, (ppl_capped, ppl_free)
