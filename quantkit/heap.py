@@ -6,15 +6,16 @@ blocks of a layer's size come from the heap, and freed ones stay resident until 
 layer by layer, RSS grew by ~3.5 bytes per parameter instead of the 1 byte its kept codes take; sampling
 16 x 256 tokens from SmolLM2-135M's W4 copy, by 476 MB against the 189 MB its KV cache holds. Pinning the
 threshold instead (mallopt) cannot be undone, and a pinned run was either slower (1 MiB: AWQ's searches 60%
-slower) or held more at its end (4 MiB: 559 MiB; 16 MiB: 1,112 MiB; measured with tests/test_max_memory.py's
-probe, 2026-12-04).
+slower) or held more at its end (4 MiB: 559 MiB; 16 MiB: 1,112 MiB above a warmed process, SmolLM2 default
+under --max-memory cpu=448MiB, 8 x 128 tokens, RssAnon read every millisecond; 2-core Intel Xeon, 2026-12-04).
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 
 
-
+@functools.cache  # asked every few sampling steps and per streamed layer: look the symbol up once
 def _libc():
     try:
         lib = ctypes.CDLL(None)
