@@ -7,7 +7,7 @@ dispatcher's choice (the CUDA GEMV at 1-4 rows); W4 forced to Triton (QUANTKIT_K
 cuBLAS (QUANTKIT_KERNEL=torch); the same W4 on the CPU for reference. Decode tokens/s leaves the prefill out
 (bench/common.py's decode_ours); "same tokens" is the share of greedy tokens equal to the float16 model's, up to the
 first difference. A 135M model is launch-bound on an H200 (each step is ~200 small kernels), so this table shows the
-runtime works on the device and what each path costs per step; kernel bandwidth is bench/kernels.py's table.
+runtime works on the device and what each path costs per step; kernel bandwidth is bench/kernels_gpu.py's table.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
 #
 #   bash bench/gpu_check.sh            # from the repository root; PYTHON=... picks the interpreter
 #
-# Each step has its own time limit (together 480 s, so the run ends within 8 minutes); a failing step is reported and the rest still run; the exit code is the number
+# Each step has its own time limit (together 520 s, so the run ends within 9 minutes); a failing step is reported and the rest still run; the exit code is the number
 # of failed steps (0: all passed). Output: stdout, and a copy under ${OUT:-bench/out}/gpu_check.log.
 set -u
 cd "$(dirname "$0")/.."
@@ -40,19 +40,21 @@ step() {  # step NAME SECONDS COMMAND...
   fi
   "$PY" -c "import torch, triton, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda,
            'triton', triton.__version__, 'transformers', transformers.__version__)"
-  step "build the quantkit CUDA ops" 150 "$PY" -c "
+  step "build the quantkit CUDA ops" 120 "$PY" -c "
 import time; t = time.time()
 from quantkit.kernels.cuda_library import load_extension
 load_extension(); print(f'built and registered in {time.time() - t:.0f} s')"
   # GPU-marked tests in a process of their own: other kernel test files switch Triton to its interpreter
-  step "GPU tests (pytest -m gpu)" 100 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider \
+  step "GPU tests (pytest -m gpu)" 80 "$PY" -m pytest -q -rs -m gpu -p no:cacheprovider \
     tests/test_gpu_kernels.py tests/test_gpu_runtime.py
   step "kernel tests, device-agnostic" 40 "$PY" -m pytest -q -rs -p no:cacheprovider \
     tests/test_kernels_cuda_ops.py tests/test_kernels_dispatch.py tests/test_kernels_cuda_bits.py \
     tests/test_runtime_device.py
-  step "kernel table (bench/kernels.py)" 100 "$PY" bench/kernels.py --launches 100
+  step "kernel table (bench/kernels_gpu.py)" 60 "$PY" bench/kernels_gpu.py --quick --launches 100
   step "FP8 table (bench/fp8_gpu.py)" 30 "$PY" bench/fp8_gpu.py --launches 100
   step "end-to-end decode (bench/decode_gpu.py)" 60 "$PY" bench/decode_gpu.py --tokens 64 --prompts 4
+  step "SmolLM2: real-weight kernels, greedy and GPTQ against the CPU (bench/gpu_smollm.py)" 130 \
+    "$PY" bench/gpu_smollm.py
   echo "gpu_check: $failed failed step(s) in $(( $(date +%s) - start ))s"
   exit $failed
 } 2>&1 | tee "$LOG"

@@ -1,4 +1,4 @@
-"""Kernel timing on a GPU that measures the kernel, not Python: shared by bench/kernels.py and bench/fp8_gpu.py.
+"""Kernel timing on a GPU that measures the kernel, not Python: shared by bench/kernels_gpu.py and bench/fp8_gpu.py.
 
 - Launch overhead: timing one Python call between two CUDA events measures the launch (several us) as much as
   a 10 us kernel. Here a CUDA graph holds `launches` back-to-back calls and the graph's replay is timed, divided

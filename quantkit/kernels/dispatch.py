@@ -27,7 +27,7 @@ log = logging.getLogger("quantkit.kernels")
 
 ENV = "QUANTKIT_KERNEL"
 FORCIBLE = ("reference", "triton", "cuda", "torch")
-# Rows up to which the fused Triton GEMM beats dequantise + cuBLAS. Not yet measured on a GPU (bench/kernels.py
+# Rows up to which the fused Triton GEMM beats dequantise + cuBLAS. Not yet measured on a GPU (bench/kernels_gpu.py
 # prints the crossover); 64 is where a decode-bound kernel usually stops winning. Override to tune.
 TRITON_GEMM_MAX_ROWS = int(os.environ.get("QUANTKIT_TRITON_MAX_ROWS", "64"))
 
@@ -156,7 +156,7 @@ def decide(device_type: str, rows: int, dtype: torch.dtype, module, forced: str 
             raise UserError(f"{ENV}=cuda needs a CUDA GPU with the quantkit CUDA kernels built; unset {ENV}")
         if gemv_ok:
             return "cuda-gemv"
-        # the tensor-core GEMM only when forced until bench/kernels.py has measured it against Triton
+        # the tensor-core GEMM only when forced until bench/kernels_gpu.py has measured it against Triton
         tc_ok = tc_supported(module.in_features, module.group_size, gi_present, module.bits, rows, dtype)
         return "cuda-tc" if tc_ok else "cuda-dequant-matmul"
     if device_type == "cpu":

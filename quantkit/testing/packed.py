@@ -26,10 +26,11 @@ class Packed:
 
 
 def make_packed(n: int, k: int, bits: int, group_size: int, symmetric: bool, g_idx: str | None = None,
-                seed: int = 0, scale_dtype=torch.float16) -> Packed:
-    """g_idx: None, "actorder" (a permutation: every group has group_size columns) or "ragged" (random groups)."""
+                seed: int = 0, scale_dtype=torch.float16, weight: torch.Tensor | None = None) -> Packed:
+    """g_idx: None, "actorder" (a permutation: every group has group_size columns) or "ragged" (random groups).
+    weight: a real [n, k] weight to quantise instead of a random one."""
     gen = torch.Generator().manual_seed(seed)
-    w = torch.randn(n, k, generator=gen)
+    w = torch.randn(n, k, generator=gen) if weight is None else weight.float().reshape(n, k)
     # symmetric 2-4 bit: the full-range grid checkpoints carry by default, so kernels meet negative scales
     scheme = Scheme("t", bits, "int", symmetric, group_size, full_range=symmetric and bits <= 4)
     qw = rtn_quantize(w, scheme, scale_dtype=scale_dtype)

@@ -1,12 +1,12 @@
-"""GPU W4A16 kernel benchmark: quantkit's kernels against cuBLAS fp16 and torch's own int4 kernel.
+"""GPU W4A16 kernel benchmark: quantkit's kernels against cuBLAS fp16 and bf16 and torch's own int4 kernel.
 
-    python bench/kernels.py [--quick] [--launches 200]
+    python bench/kernels_gpu.py [--quick] [--launches 200]
 
 1. Checks each quantkit kernel against the float32 reference on small random data; a failing kernel is reported
    and left out of the timings, never timed as if correct.
 2. Measures the device copy bandwidth (1 GiB device-to-device, read + write): the bandwidth each row is held to.
 3. For in x out 4096x4096, 4096x14336, 14336x4096, 8192x28672 and rows 1, 2, 4, 16, 64, 256 (W4, group 128,
-   symmetric): cuBLAS fp16, torch._weight_int4pack_mm (bf16, its own layout), the Triton fused matmul, the CUDA
+   symmetric): cuBLAS fp16, torch's bf16 matmul, torch._weight_int4pack_mm (bf16, its own layout), the Triton fused matmul, the CUDA
    GEMV (rows <= 4), the CUDA tensor-core GEMM (rows <= 64) and Triton dequantise + cuBLAS. Each is timed inside a CUDA graph of back-to-back launches
    (bench/gpu_timing.py), every launch on the next of a pool of weight copies larger than twice the L2.
 Prints a markdown table (us per call, GB/s of bytes that must move, fraction of copy bandwidth, speed-up over
@@ -133,6 +133,7 @@ def shape_rows(k, n, kernels, bw, launches, gen):
     wp, sc, _ = random_packed(n, k, 4, GROUP, True, gen)
     p16, p4 = pool_size(w16.nbytes), pool_size(wp.nbytes + sc.nbytes)
     w16s, packs = rotating([w16], p16), rotating([wp, sc], p4)
+    wbs = rotating([w16.bfloat16()], p16)
     del w16
     int4 = torch_int4(n, k, gen)
     int4s = rotating(list(int4), pool_size(int4[0].nbytes)) if isinstance(int4, tuple) else None
@@ -145,7 +146,8 @@ def shape_rows(k, n, kernels, bw, launches, gen):
         xb = [x.bfloat16() for x in xs]
         io = 2 * rows * (k + n)
         q_bytes = wp.nbytes + sc.nbytes + io
-        calls = [("cuBLAS fp16", lambda i: xs[i % 4] @ w16s[i % p16][0].t(), p16, n * k * 2 + io)]
+        calls = [("cuBLAS fp16", lambda i: xs[i % 4] @ w16s[i % p16][0].t(), p16, n * k * 2 + io),
+                 ("torch bf16 matmul", lambda i: xb[i % 4] @ wbs[i % p16][0].t(), p16, n * k * 2 + io)]
         if int4s:
             calls.append(("torch int4 (bf16)", lambda i: torch._weight_int4pack_mm(
                 xb[i % 4], int4s[i % len(int4s)][0], GROUP, int4s[i % len(int4s)][1]), len(int4s), q_bytes))
@@ -193,7 +195,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the first two shapes only")
     ap.add_argument("--launches", type=int, default=200, help="back-to-back launches per timing (one CUDA graph)")
     args = ap.parse_args(argv)
-    require_cuda("bench/kernels.py", "a CUDA GPU (bench/kernels_cpu.py times the CPU paths)")
+    require_cuda("bench/kernels_gpu.py", "a CUDA GPU (bench/kernels_cpu.py times the CPU paths)")
     t_start = time.time()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     kernels = quantkit_kernels()
