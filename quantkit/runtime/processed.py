@@ -48,7 +48,7 @@ class ProcessedSequence(Sequence):
     def _choose(self, logits: torch.Tensor) -> int:
         check_logits(logits, self.n_generated)
         if self.counts is None:
-            self.counts = torch.zeros(logits.shape[-1])
+            self.counts = torch.zeros(logits.shape[-1], device=logits.device)
         params = self.params
         adjusted = sampling.adjust(logits, params, self.counts)
         if params.greedy:

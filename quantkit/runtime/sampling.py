@@ -69,8 +69,9 @@ def adjust(logits: torch.Tensor, params: SamplingParams, counts: torch.Tensor | 
     mu[j] - c[j] * frequency_penalty - (c[j] > 0) * presence_penalty + logit_bias[j]."""
     logits = logits.float()
     if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), dtype=torch.long)
-        logits = logits.index_add(-1, ids, torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype))
+        ids = torch.tensor(list(params.logit_bias), dtype=torch.long, device=logits.device)
+        logits = logits.index_add(-1, ids, torch.tensor(list(params.logit_bias.values()), dtype=logits.dtype,
+                                                        device=logits.device))
     if counts is not None and (params.frequency_penalty or params.presence_penalty):
         logits = logits - counts * params.frequency_penalty - (counts > 0).to(logits.dtype) * params.presence_penalty
     return logits
@@ -99,10 +100,13 @@ def probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def pick(p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of p [..., V] (long [...])."""
-    flat = p.reshape(-1, p.shape[-1])
+    """One token per row of p [..., V] (long [...], on p's device).
+
+    Drawn on the CPU: the seeded generator is a CPU one, and a seed then gives the same tokens whichever device
+    computed p (a CUDA generator draws a different stream)."""
+    flat = p.reshape(-1, p.shape[-1]).cpu()
     out = torch.multinomial(flat, 1, generator=generator).squeeze(-1)
-    return out.reshape(p.shape[:-1])
+    return out.reshape(p.shape[:-1]).to(p.device)
 
 
 def draft_token(logits: torch.Tensor, params, generator) -> tuple[int, torch.Tensor | None]:

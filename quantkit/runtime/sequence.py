@@ -175,7 +175,7 @@ class Sequence:
     def _emit(self, new: list[int], logits: torch.Tensor, drafted: list[bool]) -> list[TokenInfo]:
         check_logits(logits[-len(new):], self.n_generated)
         rows = logits[-len(new):].float().log_softmax(-1)
-        lps = rows.gather(-1, torch.tensor(new).unsqueeze(-1)).squeeze(-1).tolist()
+        lps = rows.gather(-1, torch.tensor(new, device=rows.device).unsqueeze(-1)).squeeze(-1).tolist()
         out: list[TokenInfo] = []
         for tok, lp, d in zip(new, lps, drafted):
             info = TokenInfo(tok, lp, d)

@@ -14,5 +14,9 @@ if not torch.cuda.is_available():
 from .ops import (GEMV_MAX_ROWS, TC_MAX_ROWS, dequantize_fp8, dequantize_int, gemm_w4a16_tc,  # noqa: E402
                   gemv_supported, gemv_w4a16, load, tc_supported)
 
+# Importing is first use: the ops below are only callable once the library has registered them (the first GPU run
+# found every direct caller failing with "no attribute 'gemv_w4a16'" because only the dispatcher loaded it).
+load()
+
 __all__ = ["load", "dequantize_int", "dequantize_fp8", "gemv_w4a16", "gemm_w4a16_tc", "gemv_supported",
            "tc_supported", "GEMV_MAX_ROWS", "TC_MAX_ROWS"]
