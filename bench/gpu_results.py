@@ -2,7 +2,7 @@
 parsed into bench/results/gpu_kernels.json and gpu_checks.json, from which `python -m bench report` writes the GPU
 sections of docs/benchmarks.md. The logs come back from the device machine; nothing here needs a GPU.
 
-    python bench/gpu_results.py --date "2026-12-04 17:03-17:27 UTC" --gpu "NVIDIA H200" [--kernel-log LOG] LOG...
+    python bench/gpu_results.py --date "2026-12-04 16:59-17:12 UTC" --gpu "NVIDIA H200" [--kernel-log LOG] LOG...
 """
 from __future__ import annotations
 
