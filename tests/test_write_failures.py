@@ -92,7 +92,7 @@ def test_write_errors_are_one_line_and_leave_nothing(tmp_path, src, cli, monkeyp
     before = _earlier_checkpoint(src, out, cli)
     import quantkit.formats.writer as writer
 
-    def fail(folder, tensors):
+    def fail(folder, specs, tensors):
         (folder / "model.safetensors").write_bytes(b"half")
         raise raised
     monkeypatch.setattr(writer, "save_tensors", fail)

@@ -123,11 +123,11 @@ import os, sys, time
 import quantkit.formats.writer as w
 real = w.save_tensors
 inside, go = sys.argv[1], sys.argv[2]
-def slow(folder, tensors):
+def slow(folder, specs, tensors):
     open(inside, "w").close()                 # tell the test we are inside the write, holding the lock
     while not os.path.exists(go):             # until the test says go on
         time.sleep(0.05)
-    real(folder, tensors)
+    real(folder, specs, tensors)
 w.save_tensors = slow
 sys.argv = ["quantkit", "quantize", "--method", "rtn", sys.argv[3], "-o", sys.argv[4], "--quiet", "--group-size", "32"]
 from quantkit.cli import main
@@ -163,10 +163,10 @@ def test_final_rename_replaces_nothing_it_did_not_claim(tmp_path, src, cli, monk
     out = tmp_path / "out"
     real = w.save_tensors
 
-    def intruder(folder, tensors):
+    def intruder(folder, specs, tensors):
         out.mkdir()
         (out / "theirs.txt").write_text("not ours")
-        real(folder, tensors)
+        real(folder, specs, tensors)
 
     monkeypatch.setattr(w, "save_tensors", intruder)
     code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "32", "--quiet")
@@ -182,9 +182,9 @@ def test_empty_folder_filled_during_the_run_is_kept(tmp_path, src, cli, monkeypa
     out.mkdir()
     real = w.save_tensors
 
-    def filler(folder, tensors):
+    def filler(folder, specs, tensors):
         (out / "late.txt").write_text("arrived during the run")
-        real(folder, tensors)
+        real(folder, specs, tensors)
 
     monkeypatch.setattr(w, "save_tensors", filler)
     code, _, err = cli("quantize", "--method", "rtn", src, "-o", out, "--group-size", "32", "--quiet")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from ..schemes import Scheme
 from ..targets import matches
 from .fp4_tensors import fp4_format, fp4_input_args, fp4_tensors, fp4_weights_args
 from .pack import pack_int32
+from .safetensors_stream import Spec, StreamWriter
 
 SHARD_BYTES = 4 * 1024**3
 
@@ -118,32 +120,14 @@ def quantization_config(plan: dict[str, Scheme], all_linears: list[str], kv_cach
     }
 
 
-def save_tensors(folder: Path, tensors: dict[str, torch.Tensor]) -> list[str]:
-    """Write safetensors shards (one file when small) plus an index when sharded; returns file names."""
-    from safetensors.torch import save_file
-
-    shards, cur, size = [], {}, 0
-    for k, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if cur and size + nbytes > SHARD_BYTES:
-            shards.append(cur)
-            cur, size = {}, 0
-        cur[k] = t.contiguous()
-        size += nbytes
-    shards.append(cur)
-    if len(shards) == 1:
-        save_file(shards[0], str(folder / "model.safetensors"), metadata={"format": "pt"})
-        return ["model.safetensors"]
-    names, weight_map = [], {}
-    for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(folder / fname), metadata={"format": "pt"})
-        names.append(fname)
-        weight_map.update({k: fname for k in shard})
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    return names
+def save_tensors(folder: Path, specs: dict[str, Spec], items: Iterable[tuple[str, torch.Tensor]]) -> list[str]:
+    """Write the tensors announced in specs (name -> dtype and shape) as safetensors shards of at most
+    SHARD_BYTES (one file when small, plus an index when sharded), each tensor as `items` produces it: the
+    checkpoint is never held whole (safetensors_stream.py). Returns the file names."""
+    with StreamWriter(folder, specs, SHARD_BYTES, {"format": "pt"}) as w:
+        for name, tensor in items:
+            w.write(name, tensor)
+    return w.files
 
 
 def load_tensors(folder: Path) -> dict[str, torch.Tensor]:

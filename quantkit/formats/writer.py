@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -19,29 +21,51 @@ from .manifest import KEY as MANIFEST_KEY
 from .manifest import build_manifest
 from .moe_names import is_router, to_checkpoint
 from .output import OutputClaim
+from .safetensors_stream import Spec
 from .write_failure import write_failure
 
 
 def checkpoint_tensors(model: torch.nn.Module, qweights: dict[str, QWeight], extra: dict[str, torch.Tensor],
-                       dtype: torch.dtype | None = None) -> dict:
-    """dtype: the storage dtype of float tensors and scales (default: the model's, which may be a wider
-    compute dtype, e.g. float32 on a CPU for a float16 model)."""
+                       dtype: torch.dtype | None = None) -> tuple[dict[str, Spec], Iterator[tuple[str, torch.Tensor]]]:
+    """The checkpoint's tensors as (name -> dtype and shape, a generator producing each tensor in turn), so the
+    writer holds one float tensor or one Linear's packed tensors at a time. dtype: the storage dtype of float
+    tensors and scales (default: the model's, which may be a wider compute dtype, e.g. float32 on a CPU for a
+    float16 model)."""
     dtype = dtype or next(model.parameters()).dtype
-    sd = model.state_dict()
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    out: dict[str, torch.Tensor] = {}
     quantised = {f"{n}.weight" for n in qweights}
-    for k, v in sd.items():
-        if k in quantised:
-            continue
-        if tied and k == "lm_head.weight" and "lm_head" not in qweights:
-            continue  # restored by tie_weights at load; safetensors refuses shared storage anyway
-        v = v.detach().cpu()
-        out[k] = (v.to(dtype) if v.is_floating_point() and v.element_size() > 1 else v).contiguous()
-    for n, qw in share_global_scales(qweights).items():
-        out.update(tensors_for(n, qw, dtype))
-    out.update({k: v.detach().cpu() for k, v in extra.items()})
-    return out
+    floats = {k: v for k, v in model.state_dict().items() if k not in quantised
+              and not (tied and k == "lm_head.weight" and "lm_head" not in qweights)}  # tied: restored at load
+    qweights = share_global_scales(qweights)
+
+    def stored(v: torch.Tensor) -> torch.dtype:
+        return dtype if v.is_floating_point() and v.element_size() > 1 else v.dtype
+
+    specs = {k: Spec(stored(v), tuple(v.shape)) for k, v in floats.items()}
+    for n, qw in qweights.items():
+        specs.update(_layer_specs(n, qw, dtype))
+    specs.update({k: Spec.of(v) for k, v in extra.items()})
+
+    def produce():
+        for k, v in floats.items():
+            yield k, v.detach().cpu().to(stored(v))
+        for n, qw in qweights.items():
+            yield from tensors_for(n, qw, dtype).items()
+        for k, v in extra.items():
+            yield k, v.detach().cpu()
+    return specs, produce()
+
+
+def _layer_specs(name: str, qw: QWeight, dtype: torch.dtype) -> dict[str, Spec]:
+    """A Linear's checkpoint tensors' dtypes and shapes, from meta copies of its codes (no packing work), or from
+    the real tensors where a layout's code needs values."""
+    try:
+        on_meta = {f.name: getattr(qw, f.name).to("meta") for f in fields(qw)
+                   if isinstance(getattr(qw, f.name), torch.Tensor)}
+        made = tensors_for(name, replace(qw, **on_meta), dtype)
+    except (NotImplementedError, RuntimeError):
+        made = tensors_for(name, qw, dtype)
+    return {k: Spec.of(t) for k, t in made.items()}
 
 
 def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWeight], plan: dict[str, Scheme],
@@ -60,8 +84,9 @@ def write_checkpoint(out: Path, model: torch.nn.Module, qweights: dict[str, QWei
     tmp = None
     try:
         tmp = claim.temporary()
-        tensors = checkpoint_tensors(model, qweights, extra or {}, dtype)
-        save_tensors(tmp, {to_checkpoint(mt, k): v for k, v in tensors.items()})
+        specs, tensors = checkpoint_tensors(model, qweights, extra or {}, dtype)
+        save_tensors(tmp, {to_checkpoint(mt, k): s for k, s in specs.items()},
+                     ((to_checkpoint(mt, k), v) for k, v in tensors))
         plan = {to_checkpoint(mt, n): s for n, s in plan.items()}
         config = model.config.to_dict()
         if dtype is not None:
