@@ -3,14 +3,17 @@
 # acceptance test (tests/test_gguf_llama_cpp.py) and the GGUF benchmark. Only the tools those need are
 # built (llama-perplexity, llama-quantize, llama-imatrix, llama-simple), CPU only, at low priority on two
 # jobs because the machine is shared. The build lives outside the repo, in
-# ${QUANTKIT_LLAMA_CPP_CACHE:-~/.cache/quantkit}/llama.cpp-VERSION; an existing build is kept.
+# ${QUANTKIT_LLAMA_CPP_CACHE:-~/.cache/quantkit}/llama.cpp-VERSION-ISA; an existing build is kept.
 # Prints the folder holding the binaries on its last line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 VERSION="${QUANTKIT_LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="${QUANTKIT_LLAMA_CPP_CACHE:-$HOME/.cache/quantkit}"
-ROOT="$CACHE/llama.cpp-$VERSION"
+# GGML_NATIVE builds for this CPU's instruction set, so the cache is keyed by it: a home folder shared by
+# machines of another CPU kind (AMX or not, AVX-512 or not) gets a build of its own, never one that faults
+ISA="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | tr ' ' '\n' | sort | tr -d '\n' | md5sum | cut -c1-8)"
+ROOT="$CACHE/llama.cpp-$VERSION-${ISA:-generic}"
 BIN="$ROOT/build/bin"
 TOOLS=(llama-perplexity llama-quantize llama-imatrix llama-simple)
 

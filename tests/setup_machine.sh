@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # What the test suite needs beyond the project's Python packages, on a fresh Debian machine:
 #   - Debian's Chromium, for the playground's browser tests, where it is missing (about 0.5 GB);
-#   - vLLM's CPU build in a venv of its own, .venv-vllm, for the acceptance tests (bench/vllm_env.sh, 3.5 GB).
+#   - vLLM's CPU build in a venv of its own, .venv-vllm, for the acceptance tests (bench/vllm_env.sh, 3.5 GB);
+#   - llama.cpp's tools built from llama-cpp-python's sdist, cached under ~/.cache/quantkit by CPU kind, for the
+#     GGUF acceptance test (bench/llama_cpp_build.sh; about 3 minutes on 2 cores the first time).
 # Idempotent: what is there already is kept. The README's test command runs it before pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,3 +24,6 @@ if [ -z "${QUANTKIT_VLLM_PYTHON:-}" ]; then
   echo "making vLLM's venv (.venv-vllm) where it is missing"
   bash bench/vllm_env.sh >/dev/null
 fi
+
+echo "building llama.cpp's tools where the cache lacks them"
+bash bench/llama_cpp_build.sh >/dev/null
