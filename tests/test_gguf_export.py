@@ -71,6 +71,22 @@ def test_transformers_reads_back_exactly_our_decoded_weights(tiny_src, tmp_path,
     assert tok_back(text)["input_ids"] == AutoTokenizer.from_pretrained(src)(text)["input_ids"]
 
 
+def test_f16_export_is_the_float_model_in_float16(tiny_src, tmp_path):
+    """--scheme f16 (the float file llama.cpp's own llama-quantize starts from): every weight read back by
+    transformers equals the source's float16 rounding; nothing is quantised."""
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.gguf_job import quantize_to_gguf
+
+    src, model = tiny_src
+    summary = quantize_to_gguf(str(src), str(tmp_path / "f.gguf"), "f16")
+    assert set(summary["types"]) == {"F16", "F32"}  # F32: the norms
+    back = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="f.gguf", dtype=torch.float32).state_dict()
+    for name, p in model.state_dict().items():
+        if name != "lm_head.weight":
+            assert torch.equal(back[name], p.half().float() if p.dim() == 2 else p), name
+
+
 def test_an_existing_output_needs_overwrite(tiny_src, tmp_path):
     from quantkit.gguf_job import quantize_to_gguf
 

@@ -10,6 +10,7 @@ from .gguf_blocks import TYPES
 SCHEMES = {
     "q4_0": ("Q4_0", 2), "q4_1": ("Q4_1", 3), "q8_0": ("Q8_0", 7), "q6_k": ("Q6_K", 18),
     "q3_k_m": ("Q3_K", 12), "q4_k_m": ("Q4_K", 15), "q5_k_m": ("Q5_K", 17),
+    "f16": ("F16", 1),  # no quantisation: the float file llama.cpp's own llama-quantize starts from
 }
 # a k-quant whose rows the 256-value super-block does not divide falls back to a 32-value type
 _FALLBACK = {"Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
@@ -48,6 +49,8 @@ def _by_role(scheme: str, base: str, role: str, layer: int, n_layers: int) -> st
 def tensor_type(scheme: str, role: str, layer: int, n_layers: int, cols: int) -> str:
     """The type for one weight: role is output (also the token embedding of a tied model), token_embd,
     attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up or ffn_down; cols its row length."""
+    if scheme == "f16":
+        return "F16"
     t = _by_role(scheme, SCHEMES[scheme][0], role, layer, n_layers)
     if cols % TYPES[t].block:
         t = _FALLBACK.get(t, t)
