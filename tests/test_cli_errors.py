@@ -104,8 +104,8 @@ def test_killed_mid_write_leaves_no_output(tmp_path):
         import os, signal, sys
         import quantkit.formats.writer as w
         real = w.save_tensors
-        def dying(folder, tensors):
-            real(folder, tensors)       # the data is on disk in the temporary folder...
+        def dying(folder, specs, tensors):
+            real(folder, specs, tensors)      # the data is on disk in the temporary folder...
             os.kill(os.getpid(), signal.SIGKILL)   # ...and the process dies before the rename
         w.save_tensors = dying
         sys.argv = ["quantkit", "quantize", "--method", "rtn", {str(src)!r}, "-o", {str(out)!r}, "--quiet", "--group-size", "32"]

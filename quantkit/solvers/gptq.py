@@ -17,7 +17,6 @@ original weights so that column i keeps group i // group_size and no g_idx is ne
 from __future__ import annotations
 
 import logging
-import math
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -28,7 +27,7 @@ from ..errors import UserError
 from ..qweight import QWeight
 from ..schemes import Scheme
 from . import gptq_guard
-from .base import LinearSolver, SolveOptions, pooled_mean, unit_rms
+from .base import LinearSolver, SolveOptions, unit_rms
 from .fp4_grid import FP4Grid, fp4_quantize
 from .fp8 import fp8_quantize
 from .gptq_factor import drop_dead_channels, factor, output_error_from_updates, relative_output_error
@@ -213,41 +212,59 @@ class GPTQSolver(LinearSolver):
                  gptq: GPTQOptions | None = None):
         super().__init__(name, weight, scheme, options)
         n = weight.shape[1]
-        self.H = torch.zeros(n, n, dtype=torch.float32, device=weight.device)
-        self.tokens = 0
+        # Sums of x xᵀ in float64, products included: float32's rounding of a sum depends on how the tokens were
+        # split into batches and across ranks, and GPTQ carries a moved rounding along the row (one rank against
+        # two differed in 5% of a tiny model's codes on an AMD EPYC); in float64 the sum rounds to the same
+        # float32 H whatever the split. H (the float32 mean 2 XᵀX / tokens) is made from it once, for the solve.
+        self._sum = torch.zeros(n, n, dtype=torch.float64, device=weight.device)
+        self._hold_sum: torch.Tensor | None = None
+        self.H: torch.Tensor | None = None
+        self.H_hold: torch.Tensor | None = None
+        self.tokens, self.hold_tokens = 0, 0
         self.gptq = gptq or GPTQOptions()
-        self.H_hold, self.hold_tokens = None, 0
 
-    def _accumulate(self, H: torch.Tensor, seen: int, x: torch.Tensor) -> int:
-        n = H.shape[0]
+    def _accumulate(self, S: torch.Tensor, seen: int, x: torch.Tensor) -> int:
+        n = S.shape[0]
         if x.shape[-1] != n:
             raise ValueError(f"layer '{self.name}': input has {x.shape[-1]} features, expected {n}")
-        x = x.reshape(-1, n).to(H.device, torch.float32)
+        x = x.reshape(-1, n).to(S.device, torch.float32)
         if x.shape[0] == 0:
             return seen
         _check_finite(x, "inputs", self.name)
-        x = unit_rms(x) if self.balance_tokens else x
-        total = seen + x.shape[0]
-        # running mean keeps H's magnitude independent of how many tokens were seen (no float32 overflow)
-        H.mul_(seen / total)
-        x = x * math.sqrt(2.0 / total)
-        H.addmm_(x.t(), x)
-        return total
+        x = (unit_rms(x) if self.balance_tokens else x).double()
+        S.addmm_(x.t(), x)
+        return seen + x.shape[0]
 
     def add_batch(self, x: torch.Tensor) -> None:
-        self.tokens = self._accumulate(self.H, self.tokens, x)
+        self.tokens = self._accumulate(self._sum, self.tokens, x)
 
     def add_holdout(self, x: torch.Tensor) -> None:
-        if self.H_hold is None:
-            self.H_hold = torch.zeros_like(self.H)
-        self.hold_tokens = self._accumulate(self.H_hold, self.hold_tokens, x)
+        if self._hold_sum is None:
+            self._hold_sum = torch.zeros_like(self._sum)
+        self.hold_tokens = self._accumulate(self._hold_sum, self.hold_tokens, x)
 
     def reduce(self, pool) -> None:
-        self.H, self.tokens = pooled_mean(self.H, self.tokens, pool)
+        self.tokens = pool.count(self.tokens)
+        pool.sum(self._sum)
         # every rank joins, whether or not its share held any samples out (none anywhere: one count, no sum)
-        held = self.H_hold if self.H_hold is not None else torch.zeros_like(self.H)
-        held, self.hold_tokens = pooled_mean(held, self.hold_tokens, pool)
-        self.H_hold = held if self.hold_tokens else None
+        held = self._hold_sum if self._hold_sum is not None else torch.zeros_like(self._sum)
+        self.hold_tokens = pool.count(self.hold_tokens)
+        pool.sum(held)
+        self._hold_sum = held if self.hold_tokens else None
+
+    def hessian(self) -> torch.Tensor:
+        """The float32 H every add_batch so far makes (after it, the sums are gone: call once all are in)."""
+        self._means()
+        return self.H
+
+    def _means(self) -> None:
+        """H and H_hold, the float32 means 2 XᵀX / tokens, from the float64 sums (once, before the solve)."""
+        if self._sum is None:
+            return
+        self.H = (self._sum * (2.0 / max(self.tokens, 1))).float()
+        if self._hold_sum is not None and self.hold_tokens:
+            self.H_hold = (self._hold_sum * (2.0 / self.hold_tokens)).float()
+        self._sum = self._hold_sum = None
 
     def actorder(self) -> str | None:
         """'weight' or None (column order): the options' act-order, else the scheme's."""
@@ -278,6 +295,7 @@ class GPTQSolver(LinearSolver):
         return qw
 
     def solve(self) -> QWeight:
+        self._means()
         actorder = self.actorder()
         if self.tokens == 0:
             msg = f"GPTQ on layer '{self.name}': no calibration tokens reached it; this layer falls back to RTN"
