@@ -93,7 +93,8 @@ def real_weight_kernels(model_dir: Path, device: str) -> None:
           f"), groups {GROUPS}, symmetric and zero-point, float16")
     for kname, err in worst.items():
         note = f"; refuses group {sorted(refused[kname])}" if refused[kname] else ""
-        verdict(err <= TOL, f"{kname} on real SmolLM2 weights: max error {err:.2e} of max abs(y) (tolerance {TOL}){note}")
+        verdict(err <= TOL, f"{kname} on real SmolLM2 weights: max error {err:.2e} of max abs(y) "
+                            f"(tolerance {TOL}){note}")
 
 
 def _quantise(src: str, out: str, device: str, method: str, **extra) -> float:

@@ -25,6 +25,7 @@ SUITES = {
     "interop": "bench.interop",
     "scaling": "bench.scaling_suite",
     "serve_split": "bench.serve_split",
+    "gguf": "bench.gguf",
 }
 
 # the instruction-set flags that choose CPU kernels (AVX-512 and AMX paths in torch, oneDNN and FBGEMM)

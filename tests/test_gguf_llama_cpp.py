@@ -49,7 +49,7 @@ def exports(tmp_path_factory) -> dict:
     made = {}
     for scheme in SCHEMES:
         decoded: dict = {}
-        quantize_to_gguf(None, str(out / f"smollm2-{scheme}.gguf"), scheme, decoded=decoded)
+        quantize_to_gguf(None, str(out / f"smollm2-{scheme}.gguf"), scheme, method="rtn", decoded=decoded)
         made[scheme] = (out / f"smollm2-{scheme}.gguf", decoded)
     return made
 

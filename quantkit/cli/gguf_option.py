@@ -17,7 +17,7 @@ def run_gguf(fmt: str, opts: dict, as_json: bool) -> None:
     if extra:
         names = ", ".join("--" + k.rstrip("_").replace("_", "-") for k in extra)
         raise UserError(f"--format gguf does not read {names} yet; drop them (it reads MODEL, -o, --scheme, "
-                        "--method rtn|gptq, --calib, --num-samples, --seq-len and --overwrite)")
+                        "--method auto|rtn|gptq, --calib, --num-samples, --seq-len and --overwrite)")
     summary = quantize_to_gguf(opts.get("model"), opts.get("output"), opts.get("scheme"), opts.get("method"),
                                bool(opts.get("overwrite")), calib=opts.get("calib"),
                                num_samples=opts.get("num_samples"), seq_len=opts.get("seq_len"))

@@ -96,7 +96,7 @@ def quantize(
     set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP + " The fields are listed below."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),
-    fmt: Optional[str] = typer.Option(None, "--format", help="compressed-tensors (default) or gguf: one OUT.gguf file for llama.cpp, --scheme q4_k_m (default), q5_k_m, q3_k_m, q6_k, q8_0, q4_0, q4_1, or f16 (unquantised, the input of llama.cpp's own llama-quantize); --method rtn (default: the block encoder's weighted scale search) or gptq (on each block's fixed grid, every type but IQ4_NL); awq and signround do not run on GGUF grids yet (docs/gguf.md)."),
+    fmt: Optional[str] = typer.Option(None, "--format", help="compressed-tensors (default) or gguf: one OUT.gguf file for llama.cpp, --scheme q4_k_m (default), q5_k_m, q3_k_m, q6_k, q8_0, q4_0, q4_1, or f16 (unquantised, the input of llama.cpp's own llama-quantize); --method auto (default: the block encoder's scale search with each input column's mean squared activation on the calibration text weighing its rounding error, llama.cpp's importance-matrix idea), rtn (the same search, no data) or gptq (on each block's fixed grid, every type but IQ4_NL); awq and signround do not run on GGUF grids yet (docs/gguf.md)."),
 ):
     """Quantise MODEL and write a compressed-tensors checkpoint to OUT (or a GGUF file with --format gguf).
 
