@@ -80,7 +80,7 @@ def test_two_ranks_halve_calibration_and_wait_for_the_ranks_the_pipeline_deals()
 
 
 def test_the_all_reduce_carries_the_bytes_the_model_counts():
-    """GPTQSolver.reduce hands the pool its Hessian and held-out Hessian; the model counts 4 in^2 bytes each and
+    """GPTQSolver.reduce hands the pool its Hessian and held-out Hessian sums; the model counts 8 in^2 bytes each and
     a ring moves 2(N-1)/N of them over the link."""
     sent = []
 

@@ -123,7 +123,8 @@ def layer_time(s: Shape, method: str, samples: int, seq_len: int, ranks: int, c:
         in2 = sum(lin.inp ** 2 for lin in lins)
         t["calibration"] = tokens * (c["forward_s"] * layer_params(s) * forward_passes(s) + c["hessian_s"] * in2)
         copies = 2 if holdout else 1
-        t["allreduce"] = _ring(4 * in2 * copies, ranks, len(lins) * copies, bandwidth)
+        # the Hessians are summed in float64 (solvers/gptq.py), so each travels as 8 in^2 bytes
+        t["allreduce"] = _ring(8 * in2 * copies, ranks, len(lins) * copies, bandwidth)
     else:  # round-to-nearest reads no activations
         t["calibration"] = 0.0
     t["solve"] = sum(makespan(solve_costs(s, method, st), ranks, [solve_seconds(lin, method, c) for lin in st])
@@ -149,14 +150,14 @@ def peak_bytes(s: Shape, method: str, samples: int, seq_len: int, ranks: int = 1
         # every solved Linear's codes and scales are kept until the checkpoint is written, then packed
         "output": s.layers * sum(result_bytes(lin, group_size) + lin.out * lin.inp // 2 for lin in lins),
     }
-    # safetensors turns every tensor of a shard into bytes before it writes the file: one shard held twice
-    from ..formats.compressed_tensors import SHARD_BYTES
-
-    parts["writing"] = min(parts["output"] + parts["outside_layers"], SHARD_BYTES)
+    # the writer streams one tensor at a time (formats/safetensors_stream.py): beside what is held, one tensor in
+    # its stored dtype, at most the embedding (or head) converted from the compute dtype
+    parts["writing"] = s.vocab * s.hidden * dtype_bytes
     if method == "gptq":
         per_stage: dict[int, int] = {}
         for lin in lins:
-            per_stage[lin.stage] = per_stage.get(lin.stage, 0) + 4 * lin.inp ** 2 * (2 if holdout else 1)
+            # float64 sums while calibrating (solvers/gptq.py), and the Hessians and held-out ones
+            per_stage[lin.stage] = per_stage.get(lin.stage, 0) + 8 * lin.inp ** 2 * (2 if holdout else 1)
         # the solve's own float32 work: inverse Cholesky factor and a copy of the weight and its errors
         work = max(4 * (2 * lin.inp ** 2 + 3 * lin.out * lin.inp) for lin in lins)
         parts["hessians"] = max(per_stage.values()) + work
