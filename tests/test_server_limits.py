@@ -91,6 +91,9 @@ def test_an_abandoned_stream_is_cancelled(model, tok):
 def test_a_request_abandoned_in_the_queue_never_takes_a_slot(model, tok):
     with single_thread():
         s = Served(model, tok, engine_kw={"max_active": 1})
+    # 10 ms per step, so the first request still holds the slot when the second gives up, however fast the CPU
+    # (on a 2-core AMD EPYC the tiny model's 200 tokens took less than the client's 0.2 s)
+    slow = model.get_input_embeddings().register_forward_hook(lambda *_: time.sleep(0.01))
     try:
         reqs = _submitted(s.engine)
         long = threading.Thread(target=s.post, args=("/v1/completions", {
@@ -108,6 +111,7 @@ def test_a_request_abandoned_in_the_queue_never_takes_a_slot(model, tok):
             first.n_generated, first.finish_reason, reqs[0].failed, second.n_generated)
         assert s.metric("quantkit_requests_cancelled_total") == 1
     finally:
+        slow.remove()
         s.stop()
 
 
