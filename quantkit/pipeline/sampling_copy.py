@@ -24,6 +24,7 @@ from .. import distributed, heap
 from ..data.selfgen import DEFAULTS as SAMPLER
 from ..devices import proc_kib
 from ..errors import UserError
+from ..kernels import dispatch
 from ..linear.quant import QuantLinear
 from ..models.hf import meta_model
 from ..models.lazy import LazyWeights
@@ -151,7 +152,10 @@ def _build(model: nn.Module, weights: LazyWeights, device: str) -> nn.Module:
         prefix = f"{streamed.layers_name}.{i}"
         names = [f"{prefix}.{n}" for n, m in layer.named_modules() if type(m) is nn.Linear]
         for name in names:
-            copy.set_submodule(name, _w4(copy.get_submodule(name), dtype))
+            q = _w4(copy.get_submodule(name), dtype)
+            if device == "cpu":
+                _repacked_only(q)
+            copy.set_submodule(name, q)
         streamed.release(names)  # the float weights, still held by the replaced Linears' slots
         layer.to(device)
     return copy.to(device).eval()
@@ -170,6 +174,18 @@ def _share_outside_layers(model: nn.Module, copy: nn.Module, streamed: LazyWeigh
         shared = nn.Parameter(t, requires_grad=False) if slots[0][1] in slots[0][0]._parameters else t
         for mod, leaf in slots:
             (mod._parameters if leaf in mod._parameters else mod._buffers)[leaf] = shared
+
+
+def _repacked_only(q: QuantLinear) -> None:
+    """On a CPU the copy runs every Linear through torch's int4 op, on the repacked weight `prepare` builds; the
+    checkpoint-layout words are then never read again, so they are let go here, layer by layer, instead of being
+    held beside the repack for the whole sampling (measured: the first forward repacked every Linear of SmolLM2's
+    copy at once; a 70B copy would hold its ~35 GB twice). Kept where a kernel is forced (QUANTKIT_KERNEL)."""
+    if dispatch.forced_kernel() is not None:
+        return
+    dispatch.prepare(q)
+    if q._cpu_int4 is not None:
+        q.weight_packed = torch.empty(0, dtype=torch.int32)
 
 
 def _w4(linear: nn.Linear, dtype: torch.dtype) -> QuantLinear:
