@@ -7,12 +7,16 @@ importance matrix (`llama-imatrix` on the calibration text below), against quant
 scale search, no data), gptq, and the default (`--method auto`: the same search with each input column's mean
 squared activation weighing its rounding error), both on the calibration tokens llama-imatrix reads. Every
 file is scored by llama.cpp itself (`llama-perplexity`, 256-token chunks) on held-out prose of the calibration's
-domain and on code, a domain no row calibrated on; bits per weight are the file's bits over its weights.
+domain and on code, a domain no row calibrated on; bits per weight are the file's bits over its weights. Each
+file's perplexity relative to llama.cpp's imatrix quant of the same type comes with a 95% paired bootstrap
+interval over the chunks (per-chunk NLL recovered from llama-perplexity's running values).
 The model is the embedded SmolLM2-135M (itself a Q4_1 GGUF dequantised, so every row starts from the same float
 model); a second architecture is not in the table yet (no other model ships in a package this machine installs).
 """
 from __future__ import annotations
 
+import math
+import random
 import re
 import subprocess
 from pathlib import Path
@@ -37,13 +41,36 @@ def _run(cmd: list[str], timeout: int = 1800) -> str:
     return proc.stdout + proc.stderr
 
 
-def _perplexity(bin_dir: Path, gguf: Path, text: Path) -> float:
+def _perplexity(bin_dir: Path, gguf: Path, text: Path) -> tuple[float, list[float]]:
+    """(llama-perplexity's estimate, each chunk's mean negative log-likelihood)."""
     out = _run([str(bin_dir / "llama-perplexity"), "-m", str(gguf), "-f", str(text), "-c", str(CTX), "-b", str(CTX),
                 "-t", "2"])
     m = re.search(r"Final estimate: PPL = ([0-9.]+)", out)
     if not m:
         raise RuntimeError(f"llama-perplexity printed no estimate for {gguf.name}")
-    return float(m.group(1))
+    return float(m.group(1)), chunk_nll([float(v) for v in re.findall(r"\[\d+\]([0-9.]+)", out)])
+
+
+def chunk_nll(running: list[float]) -> list[float]:
+    """Each chunk's mean NLL from llama-perplexity's running perplexities ([k] is over chunks 1..k, every chunk
+    scoring the same number of tokens): k ln p_k - (k - 1) ln p_(k-1)."""
+    logs = [math.log(p) for p in running]
+    return [(k + 1) * logs[k] - k * (logs[k - 1] if k else 0.0) for k in range(len(logs))]
+
+
+def paired_ratio(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Perplexity of A over B on the same chunks, exp(mean(a - b)), with a 95% bootstrap interval over chunks:
+    the two files read the same text, so their chunk-to-chunk variation cancels in the difference."""
+    d = [x - y for x, y in zip(a, b)]
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choice(d) for _ in d) / len(d) for _ in range(resamples))
+    lo, hi = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+    return math.exp(sum(d) / len(d)), math.exp(lo), math.exp(hi)
+
+
+def _versus(ratio: tuple[float, float, float]) -> str:
+    r, lo, hi = ((x - 1) * 100 for x in ratio)
+    return f"{r:+.1f}% [{lo:+.1f}, {hi:+.1f}]"
 
 
 def _weights(gguf: Path) -> int:
@@ -81,12 +108,21 @@ def run(rows: list[dict], quick: bool) -> dict:
           "--chunks", str(CALIB_SAMPLES), "-t", "2"])
     n = _weights(f16)
     texts = dict(list(TEXTS.items())[:1]) if quick else TEXTS
-    out = []
+    out, chunks = [], {}
     for row in rows:
         path = f16 if row["name"] == "float16" else _make(row, work, bin_dir, f16, imatrix)
         size = path.stat().st_size
+        scored = {label: _perplexity(bin_dir, path, text) for label, text in texts.items()}
+        chunks[row["name"]] = {label: c for label, (_, c) in scored.items()}
         out.append({"name": row["name"], "file MB": round(size / 1e6, 2), "bits/weight": round(8 * size / n, 3),
-                    **{label: round(_perplexity(bin_dir, path, text), 4) for label, text in texts.items()}})
+                    **{label: round(p, 4) for label, (p, _) in scored.items()}})
+    for r in out:  # each file against llama.cpp's imatrix quant of its type, chunk by chunk on the same text
+        ref = chunks.get(f"{r['name'].split()[0]} llama-quantize + imatrix")
+        if ref is None or r["name"].endswith("+ imatrix"):
+            continue
+        for label in texts:
+            r[f"vs llama imatrix, {label.split()[1]} (95%)"] = _versus(paired_ratio(chunks[r["name"]][label],
+                                                                                   ref[label]))
     return {"setup": {"model": "SmolLM2-135M (embedded)", "calibration": f"{CALIB.relative_to(ROOT)}, "
                       f"{CALIB_SAMPLES} x {CTX} tokens (imatrix chunks and gptq samples)",
                       "scoring": f"llama-perplexity -c {CTX}, llama.cpp {bin_dir.parent.parent.name}",
