@@ -149,8 +149,8 @@ def gptq_across_devices(src: str, tmp: Path, device: str) -> None:
     import quantkit
     from bench.score import score
     from quantkit.data import load_eval_windows
+    from quantkit.formats.compressed_tensors import load_tensors
     from quantkit.runtime import build
-    from safetensors.torch import load_file
 
     calib = {"calibration.spec": str(CALIB), "calibration.num_samples": 8, "calibration.seq_len": 256}
     secs, ppl, codes = {}, {}, {}
@@ -159,10 +159,7 @@ def gptq_across_devices(src: str, tmp: Path, device: str) -> None:
     for where in ("cpu", device) if device != "cpu" else ("cpu", "cpu again"):
         out = str(tmp / f"gptq-{where.replace(' ', '-')}")
         secs[where] = _quantise(src, out, where.split()[0], "gptq", **calib)
-        tensors = {}
-        for f in sorted(Path(out).glob("*.safetensors")):
-            tensors.update({k: v for k, v in load_file(str(f)).items() if k.endswith("weight_packed")})
-        codes[where] = tensors
+        codes[where] = {k: v for k, v in load_tensors(Path(out)).items() if k.endswith("weight_packed")}
         ppl[where] = score(quantkit.load(out, device="cpu", dtype=torch.float32, exact=True), windows)["ppl"]
     a, b = list(codes)
     words = sum(t.numel() for t in codes[a].values())

@@ -136,8 +136,7 @@ def quantize_to_gguf(model: Optional[str], output: Optional[str], scheme: Option
     """Write OUT.gguf; `decoded`, when given, is filled with each quantised weight as llama.cpp decodes it
     (Hugging Face names and layout). auto (the default) and gptq calibrate on `calib` (default: text the model
     samples itself); rtn uses no data; the token embedding (a lookup, no inputs) is never weighted. Returns a
-    summary: types used (tensor count per type),
-    bytes, seconds."""
+    summary: types used (tensor count per type), bytes, seconds."""
     from .models.hf import read_config, resolve_model_dir
 
     scheme, out = _check(scheme, method, output, overwrite)
@@ -151,7 +150,7 @@ def quantize_to_gguf(model: Optional[str], output: Optional[str], scheme: Option
         hessians = gather_hessians(model, calib, num_samples or 128, seq_len or 512)
     elif method in (None, "auto") and scheme != "f16":
         # each input column's mean squared activation weighs its rounding error (llama.cpp's importance-matrix
-        # idea): on SmolLM2 it took 7-8% off rtn's perplexity on both held-out texts of bench/gguf.py
+        # idea): on SmolLM2 it took 1.4-9% off rtn's perplexity on the held-out texts of bench/gguf.py
         importance = gather_hessians(model, calib, num_samples or 128, seq_len or 512, diagonal=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.part")

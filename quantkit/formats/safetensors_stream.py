@@ -101,10 +101,13 @@ class StreamWriter:
             f.write(raw.data)
         self._written.add(name)
 
-    def close(self) -> list[str]:
+    def _close_files(self) -> None:
         for f in self._handles:
             f.close()
         self._handles = []
+
+    def close(self) -> list[str]:
+        self._close_files()
         missing = sorted(set(self.specs) - self._written)
         if missing:
             raise ValueError(f"{len(missing)} announced tensors were never written, e.g. {missing[0]!r}")
@@ -122,6 +125,4 @@ class StreamWriter:
         if kind is None:
             self.close()
         else:
-            for f in self._handles:
-                f.close()
-            self._handles = []
+            self._close_files()
