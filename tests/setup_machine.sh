@@ -8,6 +8,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# the suite writes checkpoints (about 8 GB over a run) under the temp folder and the venvs need about 7 GB: a disk
+# that fills midway fails hundreds of tests with errors that do not name the cause, so say it here, once
+need_gb=12
+tmp="${TMPDIR:-/tmp}"
+free_gb=$(df -Pk "$tmp" | awk 'NR==2 {print int($4 / 1048576)}')
+if [ "$free_gb" -lt "$need_gb" ]; then
+  echo "only ${free_gb} GB free under $tmp; the test suite needs about ${need_gb} GB: free some space" \
+       "(old /tmp/pytest-of-* folders are safe to remove) or point TMPDIR at a larger disk" >&2
+  exit 2
+fi
+
 chromium="${QUANTKIT_CHROMIUM:-/usr/bin/chromium}"
 if [ ! -x "$chromium" ]; then
   sudo=""
