@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from . import distributed, preflight
+from .devices import proc_kib
 from .errors import UserError
 from .plan import Plan, build_plan
 from .recipe import Recipe
@@ -37,7 +38,12 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, lazy: bool = True) -> 
         if distributed.rank() != 0:  # under torchrun rank 0 alone claims OUT and writes; the others compute
             if not distributed.agree(True):
                 raise UserError("rank 0 could not claim the output folder (its message says why); nothing was written")
-            return _run(recipe, src, None, None, lazy)
+            summary = _run(recipe, src, None, None, lazy)
+            # every rank leaves the process group together, after rank 0's write: a rank that left while rank 0
+            # still wrote was seen to abort in gloo's teardown (SIGABRT, "terminate called without an active
+            # exception"), failing a run whose checkpoint was fine
+            distributed.barrier()
+            return summary
         try:
             claim = OutputClaim(Path(recipe.output), src, recipe.overwrite)
         except BaseException:
@@ -45,7 +51,9 @@ def quantize_to_checkpoint(recipe: Recipe, progress=None, lazy: bool = True) -> 
             raise
         distributed.agree(True)
         with claim:
-            return _run(recipe, src, claim, progress, lazy)
+            summary = _run(recipe, src, claim, progress, lazy)
+        distributed.barrier()
+        return summary
 
 
 def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
@@ -66,7 +74,7 @@ def _load(recipe: Recipe, folder: Path, storage: torch.dtype, lazy: bool):
         plan = build_plan(model, recipe, storage, _weight_reader(model, weights),
                           before_reading=lambda r: early.append(preflight.check(r, model.config, src, tok)))
         self_calib = (recipe.calibration.spec or "self") == "self"
-        # self-calibration samples from the whole float model when it fits, else from a W4 copy (_calibration)
+        # self-calibration samples from the whole float model when it fits, else from an RTN copy (_calibration)
         if not (self_calib and plan.needs_data) or not float_fits(model, recipe.max_memory,
                                                                   recipe.calibration.seq_len):
             return model, tok, src, weights, plan, (early or [None])[0]
@@ -95,20 +103,22 @@ def _weight_reader(model, weights):
     return read
 
 
-def _calibration(recipe: Recipe, model, tok, weights=None):
-    """Text the model samples itself (preflight.check read any other); from a W4 copy when _load kept MODEL
+def _calibration(recipe: Recipe, model, tok, weights=None, start_anon: int | None = None):
+    """Text the model samples itself (preflight.check read any other); from an RTN copy when _load kept MODEL
     lazy because the float model does not fit."""
-    from .pipeline.sampling_copy import float_rows, sample_with_rtn_copy, sampling_record
+    from .pipeline.sampling_copy import float_rows, held_beside, sample_with_rtn_copy, sampling_record
 
     def load(sampler, rows: int):
         return preflight.calibration(recipe, tok, model=sampler, batch_size=rows)
 
-    by_copy, seq_len = weights is not None, recipe.calibration.seq_len
-    if by_copy:
-        cs = sample_with_rtn_copy(model, weights, recipe.device, recipe.max_memory, seq_len, load)
+    seq_len, bits = recipe.calibration.seq_len, None
+    if weights is not None:
+        # the cap is for all the run holds: on the host, the tokenizer and the like come out of it too
+        held = held_beside(model, start_anon) if recipe.device == "cpu" else 0
+        cs, bits = sample_with_rtn_copy(model, weights, recipe.device, recipe.max_memory, seq_len, load, held)
     else:
         cs = load(model, float_rows(model, recipe.max_memory, seq_len))
-    cs.meta["sampled_by"] = sampling_record(model, recipe.max_memory, by_copy)
+    cs.meta["sampled_by"] = sampling_record(model, recipe.max_memory, bits)
     return cs.samples, cs.meta
 
 
@@ -118,26 +128,29 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     from .models.lazy import meta_tensors
     from .pipeline import quantize_model
 
-    t0 = time.time()
+    t0, start_anon = time.time(), proc_kib("/proc/self/status", "RssAnon")
     config = read_config(folder)
     storage = resolve_dtype(recipe.dtype, config)
     model, tok, src, weights, plan, early = _load(recipe, folder, storage, lazy)
     recipe = plan.recipe  # 'auto' settled by the plan: calibration and quantkit.json's recipe say what ran
     source_bytes = sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=storage).element_size()
-    calib, calib_meta = early or (_calibration(recipe, model, tok, weights) if plan.needs_data else (None, None))
+    calib, calib_meta = early or (_calibration(recipe, model, tok, weights, start_anon) if plan.needs_data
+                                  else (None, None))
     if calib is not None:  # data-parallel: this process calibrates on its share of the samples
         calib = distributed.shard(calib)
-    result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights)
-    dropped = {f"{n}.weight" for n in result.qweights}
-    stray = [k for k in meta_tensors(model) if k not in dropped]
-    if stray:  # a bug, not bad input: the writer would save empty tensors
-        raise RuntimeError(f"tensors never read from the source model: {', '.join(stray[:5])}")
-    meta = _metadata(recipe, plan, result, src, source_bytes, calib_meta, model)
-    meta["processes"] = distributed.world()
-    if claim is None:  # not rank 0: the same layers were solved here, rank 0 writes them
-        return {"output": None, "rank": distributed.rank()}
-    path = write_checkpoint(claim.out, model, result.qweights, plan.schemes, tok, meta, result.tensors,
-                            plan.kv_scheme, recipe.overwrite, dtype=storage, claim=claim)
+    with _code_spool(claim, recipe, weights is not None) as spool:
+        result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights,
+                                keep=spool.keep if spool is not None else None)
+        dropped = {f"{n}.weight" for n in result.qweights}
+        stray = [k for k in meta_tensors(model) if k not in dropped]
+        if stray:  # a bug, not bad input: the writer would save empty tensors
+            raise RuntimeError(f"tensors never read from the source model: {', '.join(stray[:5])}")
+        meta = _metadata(recipe, plan, result, src, source_bytes, calib_meta, model)
+        meta["processes"] = distributed.world()
+        if claim is None:  # not rank 0: the same layers were solved here, rank 0 writes them
+            return {"output": None, "rank": distributed.rank()}
+        path = write_checkpoint(claim.out, model, result.qweights, plan.schemes, tok, meta, result.tensors,
+                                plan.kv_scheme, recipe.overwrite, dtype=storage, claim=claim)
     errs = [s.get("weight_rel_error") for s in result.stats.values() if s.get("weight_rel_error") is not None]
     return {"output": str(path), "source": str(src), "layers": len(plan.schemes), "method": plan.method,
             "method_reason": plan.method_reason,
@@ -146,6 +159,22 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
             "seconds": round(time.time() - t0, 2), "calibration": calib_meta,
             "loading": "layer by layer" if weights is not None else "whole model",
             "float_weights": len(plan.uncovered), "moe": _moe_line(meta.get("moe"))}
+
+
+def _code_spool(claim, recipe: Recipe, streamed: bool):
+    """Where a streamed run keeps its solved codes until the write (formats/code_spool.py): the claim's own
+    temporary folder beside OUT, which a killed run's successor clears; the system's temp folder on a rank that
+    does not write. A whole-model run holds the float model anyway, and keeps its codes in memory."""
+    import contextlib
+    import tempfile
+
+    from .formats.code_spool import CodeSpool
+
+    if not streamed:
+        return contextlib.nullcontext()
+    if claim is None:
+        return CodeSpool(Path(tempfile.mkdtemp(prefix=".quantkit-codes-")), Path(recipe.output))
+    return CodeSpool(claim.temporary(), claim.out)
 
 
 def _moe_line(moe: dict | None) -> dict | None:

@@ -43,6 +43,13 @@ def test_a_bad_cap_is_one_line_before_anything_loads(cli, tmp_path, bad):
         apply_overrides(Recipe(), {"max_memory": bad})
 
 
+def _rtn_w8_reference(w: torch.Tensor) -> torch.Tensor:
+    """rtn.py's symmetric 8-bit grid per output row in float64: scale = absmax / 127 (rounded to the weight's
+    dtype), codes clamp(round(w / scale), -128, 127)."""
+    scale = (w.double().abs().amax(-1, keepdim=True) / 127).to(w.dtype).double()
+    return torch.clamp(torch.round(w.double() / scale), -128, 127) * scale
+
+
 def _rtn_w4_reference(w: torch.Tensor, group: int) -> torch.Tensor:
     """rtn.py's documented full-range symmetric grid in float64: per group, the largest-magnitude weight e (with
     its sign) lands on -8, scale = e / -8 (rounded to the weight's dtype), codes clamp(round(w / scale), -8, 7)."""
@@ -52,7 +59,18 @@ def _rtn_w4_reference(w: torch.Tensor, group: int) -> torch.Tensor:
     return (torch.clamp(torch.round(g / scale), -8, 7) * scale).reshape(w.shape)
 
 
-def test_the_copy_rounds_each_decoder_linear_to_w4_and_shares_the_rest(tmp_path):
+def _cap_between_the_copies(model, weights, seq_len: int, bits: int) -> str:
+    """A cap the copy of BITS fits with one row, and the copy of 8 bits does not unless BITS is 8."""
+    from quantkit.pipeline import sampling_copy as sc
+
+    need, row = sc.copy_bytes(model, weights.layers_name, "cpu", bits), sc.row_bytes(model, seq_len)
+    cap = int((need + 1.5 * row) * (1 + sc.SAMPLING_MARGIN))
+    assert bits == 8 or sc.rows_that_fit(sc.copy_bytes(model, weights.layers_name, "cpu", 8), row, cap) == 0
+    return str(cap)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_the_copy_rounds_each_decoder_linear_and_shares_the_rest(tmp_path, bits):
     from helpers import make_tiny_model
     from transformers import AutoModelForCausalLM
 
@@ -65,15 +83,19 @@ def test_the_copy_rounds_each_decoder_linear_to_w4_and_shares_the_rest(tmp_path)
     model, _, _, weights = open_lazy(str(folder), "float32")
     lazy_meta = set(meta_tensors(model))
 
+    cap = None if bits == 8 else _cap_between_the_copies(model, weights, 12, 4)
+
     def check(copy):
         linears = [n for n, m in ref.named_modules() if type(m) is nn.Linear and ".layers." in n]
         assert linears
         for name in linears:
             q = copy.get_submodule(name)
-            assert isinstance(q, QuantLinear) and q.bits == 4
-            # run by torch's int4 op on its repack; the checkpoint-layout words were let go, not held beside it
-            assert q._cpu_int4 is not None and q.weight_packed.numel() == 0, name
-            want = _rtn_w4_reference(ref.get_submodule(name).weight.detach(), q.group_size)
+            assert isinstance(q, QuantLinear) and q.bits == bits
+            # run by torch's int4/int8 op on its repack; the checkpoint-layout words were let go, not held beside it
+            repack = q._cpu_int4 if bits == 4 else q._cpu_int8
+            assert repack is not None and q.weight_packed.numel() == 0, name
+            w = ref.get_submodule(name).weight.detach()
+            want = _rtn_w4_reference(w, q.group_size) if bits == 4 else _rtn_w8_reference(w)
             with torch.no_grad():  # the identity's rows through the op: W's columns, rounded to bf16 on the way out
                 got = q(torch.eye(q.in_features)).double().t()
             assert (got - want).abs().max() <= 2 ** -7 * want.abs().max(), name
@@ -86,7 +108,8 @@ def test_the_copy_rounds_each_decoder_linear_to_w4_and_shares_the_rest(tmp_path)
         with torch.no_grad():
             return copy(input_ids=ids).logits, ref(input_ids=ids).logits
 
-    got, want = sample_with_rtn_copy(model, weights, "cpu", None, 12, lambda copy, rows: check(copy))
+    (got, want), chosen = sample_with_rtn_copy(model, weights, "cpu", cap, 12, lambda copy, rows: check(copy))
+    assert chosen == bits
     # W4 of random weights moves the logits, but the copy is the same network
     assert torch.corrcoef(torch.stack([got.flatten(), want.flatten()]))[0, 1] > 0.9
     assert set(meta_tensors(model)) == lazy_meta  # the opened model's layers were never read into it
@@ -116,7 +139,7 @@ def test_rows_sampled_at_once_are_what_the_cap_leaves_beside_the_model(tmp_path)
     kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 64 * 4
     row = sc.row_bytes(model, 64)
     assert row == kv + 7 * 4 * c.vocab_size
-    held = sc.copy_bytes(model, weights.layers_name, "cpu")
+    held = sc.copy_bytes(model, weights.layers_name, "cpu", 8)
     assert sc.rows_that_fit(held, row, int((held + 3.5 * row) * (1 + sc.SAMPLING_MARGIN))) == 3
     assert sc.rows_that_fit(held, row, int((held + 0.9 * row) * (1 + sc.SAMPLING_MARGIN))) == 0
     assert sc.rows_that_fit(held, row, 10**15) == 32  # never more than selfgen's own batch

@@ -92,7 +92,7 @@ def quantize(
     ignore: Optional[list[str]] = typer.Option(None, "--ignore", help="Module name glob or re:regex kept in float (repeatable; lm_head always by default)."),
     device: Optional[str] = typer.Option(None, help="auto (CUDA when this torch sees a GPU, else CPU), cpu, cuda or cuda:N: one layer at a time on the device (default: the recipe's, cpu)."),
     dtype: Optional[str] = typer.Option(None, help="auto, float16, bfloat16 or float32."),
-    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="What quantkit may hold, per device as accelerate writes it: 2GiB, or cpu=2GiB,cuda:0=70GiB (default: what is free). A float model that does not fit self-calibrates with a W4 copy built layer by layer."),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="What quantkit may hold, per device as accelerate writes it: 2GiB, or cpu=2GiB,cuda:0=70GiB (default: what is free). A float model that does not fit self-calibrates with a W8 (else W4) round-to-nearest copy built layer by layer."),
     set_: Optional[list[str]] = typer.Option(None, "--set", help=SET_HELP + " The fields are listed below."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout."),

@@ -59,10 +59,11 @@ class _Solve:
     """Makes each Linear's solver and applies its result: the codes are kept, the float weight becomes their
     dequantised value so later layers see the quantised model."""
 
-    def __init__(self, model: nn.Module, plan: Plan, result: QuantizeResult):
+    def __init__(self, model: nn.Module, plan: Plan, result: QuantizeResult, keep=None):
         self.modules = dict(model.named_modules())
         self.plan = plan
         self.result = result
+        self.keep = keep or (lambda qw: qw)
         self.solved: dict[str, QWeight] = {}  # codes a layer transform already chose (learned rounding)
 
     def make(self, name: str, method: str | None = None) -> LinearSolver:
@@ -98,7 +99,7 @@ class _Solve:
     def apply(self, name: str, qw: QWeight) -> None:
         mod = self.modules[name]
         mod.weight.data = qw.dequantize().to(mod.weight.device, mod.weight.dtype)
-        self.result.qweights[name] = qw
+        self.result.qweights[name] = self.keep(qw)
 
 
 def _cost(solver: LinearSolver) -> float:
@@ -108,17 +109,19 @@ def _cost(solver: LinearSolver) -> float:
 
 
 def quantize_model(model: nn.Module, plan: Plan, calib_samples: list[torch.Tensor] | None = None,
-                   progress=None, device: str = "cpu", weights=None) -> QuantizeResult:
+                   progress=None, device: str = "cpu", weights=None, keep=None) -> QuantizeResult:
     """Quantise model in place (its planned Linear weights become their dequantised values); return the codes.
 
     weights: a models.lazy.LazyWeights when the decoder layers are still on the meta device; each layer is then
     read just before it is processed and its quantised Linears' float weights are dropped right after.
+    keep: QWeight -> QWeight, applied to each solved Linear's codes before they are kept (formats/code_spool.py
+    moves them to disk, so a streamed run's memory does not grow with the layers solved).
     """
     t0 = time.time()
     if plan.needs_data and not calib_samples:
         raise UserError(f"method '{plan.method}' needs calibration data; pass --calib SPEC")
     result = QuantizeResult({})
-    solve = _Solve(model, plan, result)
+    solve = _Solve(model, plan, result, keep)
     layers_name, layers = decoder_layers(model)
     prog = LayerProgress(progress, len(layers), len(calib_samples or []) if plan.needs_data else 0)
     stream = LayerStream(weights, plan.schemes, layers_name)

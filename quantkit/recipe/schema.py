@@ -205,7 +205,7 @@ class Recipe(StrictOptions):
     max_memory: str | None = Field(
         None, description="What quantkit may hold per device, as accelerate writes it: '2GiB' (every device) or "
                           "'cpu=2GiB,cuda:0=70GiB'; empty = what each device has free. When the float model does "
-                          "not fit, self-calibration samples with a round-to-nearest W4 copy built layer by layer.")
+                          "not fit, self-calibration samples with a round-to-nearest W8 copy (W4 where W8 does not fit) built layer by layer.")
     quant: QuantOptions = Field(default_factory=QuantOptions, description="What to quantise and how.")
     calibration: CalibrationOptions = Field(default_factory=CalibrationOptions,
                                             description="Calibration data (gptq, awq, fp8 static, fp8 KV cache).")
