@@ -28,7 +28,7 @@ LAYERS = [
     ["quantkit.job", "quantkit.gguf_job"],
     ["quantkit.runtime"],
     ["quantkit.drafts", "quantkit.open_model", "quantkit.evaluate", "quantkit.serve", "quantkit.inspect_ckpt",
-     "quantkit.inspect_summary", "quantkit.verify_ckpt"],
+     "quantkit.inspect_gguf", "quantkit.inspect_summary", "quantkit.verify_ckpt"],
     ["quantkit.recipe_run"],
     ["quantkit.cli", "quantkit.testing"],
     ["quantkit.__main__"],  # `python -m quantkit` (how torchrun starts it): the CLI, nothing else

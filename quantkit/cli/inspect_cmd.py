@@ -72,16 +72,22 @@ def _footer(info: dict) -> list[str]:
 
 @app.command("inspect")
 def inspect(
-    path: str = typer.Argument(..., help="Checkpoint folder written by quantkit quantize."),
+    path: str = typer.Argument(..., help="Checkpoint folder written by quantkit quantize, or a .gguf file."),
     every_layer: bool = typer.Option(False, "--all", help="One row per quantised Linear, with what its solver did."),
     as_json: bool = typer.Option(False, "--json", help="Every figure: each layer, the per-type summary, sizes."),
 ):
     """Show bits per weight (scales included), error and size: one row per layer type, or per Linear with --all.
 
     Example: quantkit inspect ./my-model-w4 --all
+
+    A GGUF file: its block types, bits per weight and bytes per tensor kind (one row per tensor with --all).
+    Example: quantkit inspect ./my-model-q4_k_m.gguf
     """
     from ..inspect_ckpt import inspect_checkpoint
 
+    if path.endswith(".gguf"):
+        _gguf(path, every_layer, as_json)
+        return
     info = inspect_checkpoint(path)
     if as_json:
         emit_json(info)
@@ -92,4 +98,33 @@ def inspect(
                   f"{len(info['layers'])} quantised Linears", width), ""]
     lines += _every_layer(info, width) if every_layer else _summary(info, width)
     lines += [fill(line, width) for line in _footer(info)]
+    typer.echo("\n".join(lines))
+
+
+def _types(counts: dict) -> str:
+    return ", ".join(f"{t} x{n}" if n > 1 else t for t, n in counts.items())
+
+
+def _gguf(path: str, every_layer: bool, as_json: bool) -> None:
+    from ..inspect_gguf import inspect_gguf
+
+    info = inspect_gguf(path)
+    if as_json:
+        emit_json(info)
+        return
+    width = terminal_width()
+    lines = [fill(f"{Path(path).name}: gguf {info['file_type'] or '?'}, {info['architecture'] or '?'}, "
+                  f"{len(info['tensors'])} tensors", width), ""]
+    if every_layer:
+        rows = [(t["name"], [t["type"], "x".join(map(str, t["shape"])), f"{t['bits_per_weight']:.2f}"])
+                for t in info["tensors"]]
+        lines += render(["tensor", "type", "shape", "bits/w"], rows, width)
+    else:
+        rows = [(k["kind"], [f"x{k['count']}", _types(k["types"]), f"{k['bits_per_weight']:.2f}", _mb(k["bytes"])])
+                for k in info["kinds"]]
+        lines += render(["tensor kind", "n", "types", "bits/w", "size"], rows, width)
+    f16 = 2 * info["parameters"]
+    lines += [fill(f"file {_mb(info['file_bytes'])}: {info['parameters']:,} weights at {info['bits_per_weight']:.2f} "
+                   f"bits each (float16: {_mb(f16)}, {f16 / info['file_bytes']:.2f}x smaller); block scales "
+                   "included. Every tensor: --all; every figure: --json", width)]
     typer.echo("\n".join(lines))

@@ -154,8 +154,14 @@ def evaluate_model(spec: ModelSpec, *, is_base: bool, tok, windows, body, stride
     cfg = config_of(spec.path)
     dtype_bytes = next(p.element_size() for p in model.parameters() if p.is_floating_point())
     tokens = _Tokens()
-    row = {"label": spec.label, "path": str(spec.path), "is_base": is_base, "quantized": spec.quantized,
-           "quantization": _describe_quant(cfg), "weight_bytes": checkpoint_bytes(spec.path),
+    if spec.gguf is not None:  # scored as its dequantised float folder; described and sized as the file
+        from ..inspect_gguf import describe
+
+        quant, weight_bytes = describe(spec.gguf), spec.gguf.stat().st_size
+    else:
+        quant, weight_bytes = _describe_quant(cfg), checkpoint_bytes(spec.path)
+    row = {"label": spec.label, "path": str(spec.gguf or spec.path), "is_base": is_base, "quantized": spec.quantized,
+           "quantization": quant, "weight_bytes": weight_bytes,
            "kv_bytes_per_token": kv_bytes_per_token(cfg, dtype_bytes), "kv_cache": kv_cache_kind(model)}
     if windows:
         row.update(_eval_windows(model, windows, body, stride, device, store, is_base, tokens))

@@ -25,12 +25,17 @@ def _looks_like_path(model: str) -> bool:
 
 
 def resolve_model_dir(model: str | None) -> Path:
-    """A local folder holding config.json for MODEL (folder, hub id, or None = embedded)."""
+    """A local folder holding config.json for MODEL (folder, hub id, .gguf file, or None = embedded). A GGUF file
+    is read as the float folder its dequantised weights make (models/gguf_float.py, converted once)."""
     if not model:
         from .embedded import embedded_model_dir
 
         return embedded_model_dir()
     p = Path(model).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        from .gguf_float import float_folder
+
+        return float_folder(p)
     if p.exists() or _looks_like_path(model):
         if not p.exists():
             raise UserError(f"model folder '{model}' does not exist; pass a Hugging Face model folder or a hub id "
