@@ -26,6 +26,15 @@ def test_self_samples_shape_prefix_and_distinct_first_tokens(model):
     assert calib.meta["num_tokens"] == 12 * 24
 
 
+def test_the_text_does_not_depend_on_how_many_rows_are_sampled_at_once(model):
+    """The rows sampled at once are what the memory cap leaves (pipeline/sampling_copy.py); the text must not
+    move with them."""
+    tok = tiny_tokenizer()
+    runs = [load_calibration("self", tok, num_samples=7, seq_len=16, seed=5, model=model, batch_size=b)
+            for b in (7, 3, 1)]
+    assert runs[0].meta["sha256"] == runs[1].meta["sha256"] == runs[2].meta["sha256"]
+
+
 def test_self_is_reproducible_and_seed_dependent(model):
     tok = tiny_tokenizer()
     a = load_calibration("self", tok, num_samples=4, seq_len=16, seed=3, model=model)

@@ -11,7 +11,7 @@ freed before the float layers stream again for the real quantisation.
 Why W8 first: the text is what the float model's solvers calibrate on, and a W4 copy writes text the float model
 would not. SmolLM2-135M's default (AWQ) on 8 x 128 tokens sampled under cpu=448MiB scored +1.44% perplexity above
 the float-sampled run on held-out prose (+1.86% on 16 x 256), a W8 copy's text +0.60% (2-core AMD EPYC,
-2026-12-04).
+2026-12-04; tests/test_capped_default.py holds it to 1%).
 
 Sampling holds the sampling model and, per row sampled at once, that row's KV cache at full length and the
 sampler's work on its next-token logits (row_bytes), plus SAMPLING_MARGIN of the whole for the allocator. The
@@ -194,6 +194,10 @@ def _build(model: nn.Module, weights: LazyWeights, device: str, bits: int) -> nn
             if device == "cpu":
                 _repacked_only(q)
             copy.set_submodule(name, q)
+            # rounding one Linear leaves 40-50 MiB of temporaries (SmolLM2's 576 x 1536) as heap blocks glibc keeps
+            # (heap.py); left to pile up over a layer's seven, the W8 copy's build peaked 104 MiB above what the
+            # copy ends up holding, over a 448 MiB cap
+            heap.trim()
         streamed.release(names)  # the float weights, still held by the replaced Linears' slots
         layer.to(device)
     return copy.to(device).eval()
