@@ -11,7 +11,7 @@ freed before the float layers stream again for the real quantisation.
 Why W8 first: the text is what the float model's solvers calibrate on, and a W4 copy writes text the float model
 would not. SmolLM2-135M's default (AWQ) on 8 x 128 tokens sampled under cpu=448MiB scored +1.44% perplexity above
 the float-sampled run on held-out prose (+1.86% on 16 x 256), a W8 copy's text +0.60% (2-core AMD EPYC,
-2026-12-04; tests/test_capped_default.py holds it to 1%).
+2026-12-04).
 
 Sampling holds the sampling model and, per row sampled at once, that row's KV cache at full length and the
 sampler's work on its next-token logits (row_bytes), plus SAMPLING_MARGIN of the whole for the allocator. The
