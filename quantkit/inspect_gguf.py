@@ -24,6 +24,11 @@ def _field(reader, key: str):
     return f.contents()
 
 
+def types_text(counts: dict[str, int]) -> str:
+    """'Q4_K x169, Q6_K x30, F32': each type and how many tensors have it."""
+    return ", ".join(f"{t} x{n}" if n > 1 else t for t, n in counts.items())
+
+
 def gguf_types(path) -> dict[str, int]:
     """Tensors of each llama.cpp type in the GGUF file at PATH."""
     return inspect_gguf(path)["types"]
@@ -32,7 +37,7 @@ def gguf_types(path) -> dict[str, int]:
 def describe(path) -> str:
     """One line for a report: the file type and its tensor types, e.g. 'gguf MOSTLY_Q4_K_M (Q4_K x169, ...)'."""
     info = inspect_gguf(path)
-    return f"gguf {info['file_type'] or '?'} ({', '.join(f'{t} x{n}' for t, n in info['types'].items())})"
+    return f"gguf {info['file_type'] or '?'} ({types_text(info['types'])})"
 
 
 def inspect_gguf(path) -> dict:

@@ -63,9 +63,9 @@ def _cap_between_the_copies(model, weights, seq_len: int, bits: int) -> str:
     """A cap the copy of BITS fits with one row, and the copy of 8 bits does not unless BITS is 8."""
     from quantkit.pipeline import sampling_copy as sc
 
-    need, row = sc.copy_bytes(model, weights.layers_name, "cpu", bits), sc.row_bytes(model, seq_len)
+    need, row = sc.copy_bytes(model, weights.layers_name, bits), sc.row_bytes(model, seq_len)
     cap = int((need + 1.5 * row) * (1 + sc.SAMPLING_MARGIN))
-    assert bits == 8 or sc.rows_that_fit(sc.copy_bytes(model, weights.layers_name, "cpu", 8), row, cap) == 0
+    assert bits == 8 or sc.rows_that_fit(sc.copy_bytes(model, weights.layers_name, 8), row, cap) == 0
     return str(cap)
 
 
@@ -139,7 +139,7 @@ def test_rows_sampled_at_once_are_what_the_cap_leaves_beside_the_model(tmp_path)
     kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads) * 64 * 4
     row = sc.row_bytes(model, 64)
     assert row == kv + 7 * 4 * c.vocab_size
-    held = sc.copy_bytes(model, weights.layers_name, "cpu", 8)
+    held = sc.copy_bytes(model, weights.layers_name, 8)
     assert sc.rows_that_fit(held, row, int((held + 3.5 * row) * (1 + sc.SAMPLING_MARGIN))) == 3
     assert sc.rows_that_fit(held, row, int((held + 0.9 * row) * (1 + sc.SAMPLING_MARGIN))) == 0
     assert sc.rows_that_fit(held, row, 10**15) == 32  # never more than selfgen's own batch

@@ -101,12 +101,8 @@ def inspect(
     typer.echo("\n".join(lines))
 
 
-def _types(counts: dict) -> str:
-    return ", ".join(f"{t} x{n}" if n > 1 else t for t, n in counts.items())
-
-
 def _gguf(path: str, every_layer: bool, as_json: bool) -> None:
-    from ..inspect_gguf import inspect_gguf
+    from ..inspect_gguf import inspect_gguf, types_text
 
     info = inspect_gguf(path)
     if as_json:
@@ -120,7 +116,7 @@ def _gguf(path: str, every_layer: bool, as_json: bool) -> None:
                 for t in info["tensors"]]
         lines += render(["tensor", "type", "shape", "bits/w"], rows, width)
     else:
-        rows = [(k["kind"], [f"x{k['count']}", _types(k["types"]), f"{k['bits_per_weight']:.2f}", _mb(k["bytes"])])
+        rows = [(k["kind"], [f"x{k['count']}", types_text(k["types"]), f"{k['bits_per_weight']:.2f}", _mb(k["bytes"])])
                 for k in info["kinds"]]
         lines += render(["tensor kind", "n", "types", "bits/w", "size"], rows, width)
     f16 = 2 * info["parameters"]

@@ -27,13 +27,14 @@ class ModelSpec:
 def parse_spec(spec: str) -> ModelSpec:
     """'LABEL=PATH' or 'PATH' (labelled by its folder or file name); 'embedded' is the bundled SmolLM2-135M. PATH
     may be a .gguf file: it is scored as the float model of its weights as llama.cpp dequantises them."""
+    from ..models.gguf_float import is_gguf
     from ..models.hf import resolve_model_dir
 
     label, sep, where = spec.partition("=")
     if not sep or not label or "/" in label:
         label, where = "", spec
     path = resolve_model_dir(None if where in ("embedded", "") else where)
-    gguf = Path(where).expanduser() if where.endswith(".gguf") else None
+    gguf = Path(where).expanduser() if is_gguf(Path(where).expanduser()) else None
     return ModelSpec(label or (Path(where).name if where != "embedded" else "embedded"), path, gguf)
 
 

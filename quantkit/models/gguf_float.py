@@ -23,8 +23,9 @@ def cache_root() -> Path:
     return Path(root)
 
 
-def is_gguf(path) -> bool:
-    return str(path).endswith(".gguf") and Path(path).is_file()
+def is_gguf(path: Path) -> bool:
+    """The one test of whether a model argument names a GGUF file."""
+    return path.suffix == ".gguf" and path.is_file()
 
 
 def _sha256(path: Path) -> str:

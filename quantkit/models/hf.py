@@ -31,10 +31,10 @@ def resolve_model_dir(model: str | None) -> Path:
         from .embedded import embedded_model_dir
 
         return embedded_model_dir()
-    p = Path(model).expanduser()
-    if p.is_file() and p.suffix == ".gguf":
-        from .gguf_float import float_folder
+    from .gguf_float import float_folder, is_gguf
 
+    p = Path(model).expanduser()
+    if is_gguf(p):
         return float_folder(p)
     if p.exists() or _looks_like_path(model):
         if not p.exists():

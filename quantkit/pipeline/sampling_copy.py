@@ -4,8 +4,8 @@ copy samples the calibration text instead: W8 where it fits, else W4.
 A 70B in bfloat16 is 141 GB; its W8 copy about 70 GB, its W4 copy about 40 GB. The copy is built while the decoder
 layers stream from disk one at a time (models/lazy.py): each layer is read in float, its Linears rounded (RTN,
 symmetric; 8 bits per output channel, or 4 bits in groups of 128 or the largest of 64/32 dividing the width, as
-the self-draft does) into the packed QuantLinear a loaded checkpoint runs with, and the float weights dropped; norms stay in the compute dtype, and the embeddings and head
-are the lazily opened model's own tensors, shared rather than copied. data/selfgen samples from the copy, which is
+the self-draft does) into the packed QuantLinear a loaded checkpoint runs with, and the float weights dropped;
+norms stay in the compute dtype, and the embeddings and head are the lazily opened model's own tensors, shared rather than copied. data/selfgen samples from the copy, which is
 freed before the float layers stream again for the real quantisation.
 
 Why W8 first: the text is what the float model's solvers calibrate on, and a W4 copy writes text the float model
@@ -120,9 +120,10 @@ def sampling_record(model: nn.Module, max_memory: str | None, copy_bits: int | N
             "float_bytes": float_bytes(model), "margin": SAMPLING_MARGIN}
 
 
-def copy_bytes(model: nn.Module, layers_name: str, device: str, bits: int) -> int:
-    """What sampling from the copy of BITS holds on DEVICE: the decoder layers' Linears as codes and scales, their
-    other tensors in float, and the embeddings and head (on the host the opened model's own, on a GPU a copy)."""
+def copy_bytes(model: nn.Module, layers_name: str, bits: int) -> int:
+    """What sampling from the copy of BITS holds on its device: the decoder layers' Linears as codes and scales,
+    their other tensors in float, and the embeddings and head (on the host the opened model's own, on a GPU a
+    copy)."""
     code = _CODE_BYTES[bits]
     total = 0
     for name, p in model.named_parameters():
@@ -153,7 +154,7 @@ def copy_that_fits(model: nn.Module, layers_name: str, device: str, max_memory: 
     cap = free_bytes(device) if given is None else given - held
     row = row_bytes(model, seq_len)
     for bits in COPY_BITS:
-        need = copy_bytes(model, layers_name, device, bits)
+        need = copy_bytes(model, layers_name, bits)
         rows = rows_that_fit(need, row, cap)
         if rows:
             return bits, rows, need
