@@ -1,8 +1,13 @@
 """`quantkit serve` start-up: bad ports and taken ports are one line and exit 2 (the socket is bound before
 anything is printed or loaded), an open --host without a key warns, the key can come from QUANTKIT_API_KEY,
 and the settings reach the app."""
+import signal
 import socket
+import subprocess
+import sys
+import time
 
+import httpx
 import pytest
 
 from quantkit.cli import serve_cmd
@@ -93,3 +98,28 @@ def test_settings_reach_the_app(cli, folder, served, monkeypatch):
     assert c.allowed_origins == ("http://ok.example",) and c.max_body_bytes == 4096 and c.clamp_max_tokens
     code, _, err = cli("serve", str(folder), "--port", "0", "--max-body-bytes", "0")
     assert code == 2 and "--max-body-bytes must be at least 1" in _one_error_line(err)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_serve_answers_then_stops_cleanly_on_a_signal(folder, signum):
+    """The engine's loop runs on the main thread and HTTP on another (cli/serve_cmd.run): a request is answered
+    through both, and SIGTERM (a service manager's stop) or SIGINT (Ctrl-C) ends the process with status 0."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "quantkit", "serve", str(folder), "--port", str(port),
+                             "--model-name", "m"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        body = {"model": "m", "prompt": "Hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+                time.sleep(0.2)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

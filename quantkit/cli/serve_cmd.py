@@ -82,7 +82,8 @@ def load_engines(path, *, threads, dtype, draft, prompt_lookup, num_speculative_
 
         new_cache(model, "fp8")  # fails now, with the reason, if the checkpoint has no calibrated KV scales
     engine = Engine(model, tok, drafter_factory=make_drafter, num_speculative_tokens=num_speculative_tokens,
-                    max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch, kv_cache=kv_cache)
+                    max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch, kv_cache=kv_cache,
+                    worker=False)  # run() steps it on the main thread
     try:
         base = load_compare(compare, engine, dtype=dt, prompt_lookup=prompt_lookup, compile_=compile_, device=device,
                             max_active=max_batch, max_queue=max_queue, spec_max_batch=spec_max_batch) if compare else None
@@ -165,18 +166,42 @@ def _announce(as_json: bool, settings: dict) -> None:
 
 
 def run(engine, base, name: str, config, sock: socket.socket) -> None:
-    """Serve on the bound socket until Ctrl-C; the engines' worker threads end with it."""
+    """Serve on the bound socket until Ctrl-C or SIGTERM. HTTP runs on a thread of its own and the engine's loop
+    on this, the main thread (runtime/engine.py says why); the engine stops when the server does, and the
+    server when the loop ends."""
+    import signal
+    import threading
+
     import uvicorn
 
     from ..serve.app import create_app
     from ..serve.http_limits import header_deadline_protocol
     from ..serve.playground import mount
 
+    server = uvicorn.Server(uvicorn.Config(mount(create_app(engine, name, config), compare=base), log_level="warning",
+                                           http=header_deadline_protocol(config.header_timeout),
+                                           limit_concurrency=config.max_connections))
+
+    def serve_http():
+        try:
+            server.run(sockets=[sock])
+        finally:
+            engine.close()  # a server that failed to start, or stopped, ends the loop below
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)  # uvicorn listens for signals on the main thread only
+    http = threading.Thread(target=serve_http, name="quantkit-http", daemon=True)
+    http.start()
     try:
-        app_ = mount(create_app(engine, name, config), compare=base)
-        uvicorn.Server(uvicorn.Config(app_, log_level="warning", http=header_deadline_protocol(config.header_timeout),
-                                      limit_concurrency=config.max_connections)).run(sockets=[sock])
+        engine.run()
+    except KeyboardInterrupt:
+        pass
     finally:
+        signal.signal(signal.SIGTERM, previous)
+        server.should_exit = True
+        http.join(timeout=10)
         sock.close()
         for e in [engine] + ([base.engine] if base else []):
             e.close()

@@ -1,4 +1,11 @@
-"""Continuous batching: one worker thread steps every active sequence, requests join and leave between steps.
+"""Continuous batching: one loop steps every active sequence, requests join and leave between steps.
+
+The loop runs on a worker thread, or on the calling thread (`Engine(..., worker=False)` then `run()`): `quantkit
+serve` runs it on the main thread and HTTP beside it, because torch's OpenMP (GNU libgomp) counts the main thread
+among its threads, so a worker thread's team of as many threads as cores oversubscribes them, and libgomp then
+cuts its spin-wait to a hundred turns: every parallel region wakes its threads through the kernel. Batch-1 decode
+of SmolLM2 W4 ran 1.8x slower on a worker thread than on the main thread (0.72 against 1.39 s for 64 tokens,
+2-core AMD EPYC; bench serve_split).
 
 A step runs the new requests' prefills (those of similar length share a forward: prefill_groups), then one batched
 forward for every request past its prefill (llama_step.py over the shared slot cache; models it does not cover
@@ -83,7 +90,8 @@ def default_spec_max_batch(model) -> int:
 class Engine:
     def __init__(self, model, tokenizer, *, drafter_factory=None, num_speculative_tokens: int = 4,
                  max_active: int = 64, max_queue: int = 256, spec_max_batch: int | None = None,
-                 keep_details: int = 256, kv_cache: str = "auto", cost_aware: bool = True):
+                 keep_details: int = 256, kv_cache: str = "auto", cost_aware: bool = True, worker: bool = True):
+        """worker=False: no thread is started; the caller runs `run()` itself (module docstring says why)."""
         self.model = model
         self.tokenizer = tokenizer
         self.drafter_factory = drafter_factory
@@ -100,8 +108,9 @@ class Engine:
         self._active: list[Request] = []
         self._cv = threading.Condition()
         self._stop = False
-        self._thread = threading.Thread(target=self._loop, name="quantkit-decode", daemon=True)
-        self._thread.start()
+        self._thread = threading.Thread(target=self.run, name="quantkit-decode", daemon=True) if worker else None
+        if self._thread is not None:
+            self._thread.start()
 
     def new_sequence(self, prompt_ids: list[int], params, *, prompt_logprobs: bool = False) -> Sequence:
         """prompt_logprobs: record the prompt tokens' logprobs too (processed.ProcessedSequence)."""
@@ -130,7 +139,8 @@ class Engine:
         with self._cv:
             self._stop = True
             self._cv.notify()
-        self._thread.join(timeout=10)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
     def _admit(self) -> None:
         with self._cv:
@@ -147,7 +157,8 @@ class Engine:
             self.metrics.active = len(self._active)
 
     @torch.inference_mode()
-    def _loop(self) -> None:
+    def run(self) -> None:
+        """Step the requests until close(): the worker thread's whole life, or the caller's (worker=False)."""
         while True:
             self._admit()
             if self._stop:
