@@ -3,12 +3,16 @@ own work. One request at a time, the same prompt and length: the end-to-end time
 against what prefill + decode predict, measured with the runtime alone in this process (open_model + generate,
 the objects serve runs, no server). The split of each served request comes from the server itself
 (GET /v1/details/{id}: tokenise, queue, prefill, decode); HTTP is what the client measured beyond those.
-Goal: served tokens/s >= 85% of the prediction.
+Goal: served tokens/s >= 85% of the prediction. Each row runs in a process of its own (`python -m
+bench.serve_split ROW_JSON`), under the row's environment: the ISA-capped rows take torch's and oneDNN's
+AVX2 paths, as on a CPU without AVX-512, and the server they start inherits the cap.
 
     python -m bench serve_split [--quick]
 """
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import subprocess
 import sys
@@ -22,8 +26,11 @@ from .serve_vs_vllm import free_port, load_average, prompts, wait_healthy
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "serve-split"
 GOAL = 0.85
+AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 ROWS = [{"name": "w4 g64 rtn, 128 prompt + 64 new tokens", "prompt": 128, "new": 64, "repeat": 5},
-        {"name": "w4 g64 rtn, 512 prompt + 32 new tokens", "prompt": 512, "new": 32, "repeat": 3}]
+        {"name": "w4 g64 rtn, 512 prompt + 32 new tokens", "prompt": 512, "new": 32, "repeat": 3},
+        {"name": "w4 g64 rtn, 128 prompt + 64 new tokens, ISA capped to AVX2", "prompt": 128, "new": 64,
+         "repeat": 5, "env": AVX2}]
 
 
 def checkpoint() -> Path:
@@ -84,25 +91,41 @@ def alone(ckpt: Path, prompt: list[int], new: int, repeat: int) -> list[float]:
     return out
 
 
-def run(rows: list[dict], quick: bool) -> dict:
+def measure(row: dict, repeat: int) -> dict:
+    """One row, in this process: the served requests, then the same request on the runtime alone."""
     ckpt = checkpoint()
+    prompt = prompts(ckpt, 1, row["prompt"])[0]
+    load = load_average()
+    runs = served(ckpt, prompt, row["new"], repeat)
+    predicted = statistics.median(alone(ckpt, prompt, row["new"], repeat))
+    e2e = statistics.median(r["seconds"] for r in runs)
+    split = {k: round(statistics.median(r[k] for r in runs), 4) for k in ("tokenise", "queue", "prefill", "decode")}
+    split["http"] = round(e2e - sum(split.values()), 4)
+    return {"name": row["name"], "env": " ".join(f"{k}={v}" for k, v in row.get("env", {}).items()) or "-",
+            "served_s": round(e2e, 4), "predicted_s": round(predicted, 4),
+            "served_vs_predicted": round(predicted / e2e, 3), "goal": GOAL, "meets_goal": predicted / e2e >= GOAL,
+            "split_s": split, "repeats": repeat, "load_average_before": load}
+
+
+def run(rows: list[dict], quick: bool) -> dict:
+    ckpt = checkpoint()  # written once, before any row's process
     results = []
     for row in rows:
         repeat = 2 if quick else row["repeat"]
-        prompt = prompts(ckpt, 1, row["prompt"])[0]
-        load = load_average()
-        runs = served(ckpt, prompt, row["new"], repeat)
-        predicted = statistics.median(alone(ckpt, prompt, row["new"], repeat))
-        e2e = statistics.median(r["seconds"] for r in runs)
-        split = {k: round(statistics.median(r[k] for r in runs), 4) for k in ("tokenise", "queue", "prefill",
-                                                                                "decode")}
-        split["http"] = round(e2e - sum(split.values()), 4)
-        results.append({"name": row["name"], "served_s": round(e2e, 4), "predicted_s": round(predicted, 4),
-                        "served_vs_predicted": round(predicted / e2e, 3), "goal": GOAL,
-                        "meets_goal": predicted / e2e >= GOAL, "split_s": split, "repeats": repeat,
-                        "load_average_before": load})
-        print(f"{row['name']}: served {e2e:.3f} s, predicted {predicted:.3f} s "
-              f"({predicted / e2e:.0%} of served speed; goal {GOAL:.0%}); split {split}", flush=True)
+        p = subprocess.run([sys.executable, "-m", "bench.serve_split", json.dumps({**row, "repeat": repeat})],
+                           cwd=ROOT, env={**os.environ, **row.get("env", {})}, capture_output=True, text=True)
+        if p.returncode:
+            raise RuntimeError(f"{row['name']}: exit {p.returncode}\n{p.stderr[-3000:]}")
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        results.append(r)
+        print(f"{r['name']}: served {r['served_s']:.3f} s, predicted {r['predicted_s']:.3f} s "
+              f"({r['served_vs_predicted']:.0%} of served speed; goal {GOAL:.0%}); split {r['split_s']}", flush=True)
     return {"setup": {"checkpoint": str(ckpt.relative_to(ROOT)), "model": "SmolLM2-135M W4 g64 (RTN)",
-                      "requests": "one at a time, greedy, ignore_eos, token-id prompts from bench/data/eval_prose.txt"},
+                      "requests": "one at a time, greedy, ignore_eos, token-id prompts from bench/data/eval_prose.txt",
+                      "rows": "each in its own process, under the row's env"},
             "rows": results}
+
+
+if __name__ == "__main__":
+    row = json.loads(sys.argv[1])
+    print(json.dumps(measure(row, row["repeat"])))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .script_suite import run_rows, venv_missing
 
-ROWS = [{"name": "w4 g64 rtn", "script": "serve_vs_vllm.py", "needs": venv_missing(".venv-vllm/bin/python"),
+ROWS = [{"name": "w4 g64 rtn", "script": "serve_vs_vllm.py", "args": ["--repeat", "3"], "needs": venv_missing(".venv-vllm/bin/python"),
          "quick": ["--concurrency", "1", "4", "--requests", "4"]}]
 
 
