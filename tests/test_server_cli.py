@@ -1,6 +1,7 @@
 """`quantkit serve` start-up: bad ports and taken ports are one line and exit 2 (the socket is bound before
 anything is printed or loaded), an open --host without a key warns, the key can come from QUANTKIT_API_KEY,
 and the settings reach the app."""
+import json
 import signal
 import socket
 import subprocess
@@ -101,24 +102,36 @@ def test_settings_reach_the_app(cli, folder, served, monkeypatch):
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_serve_answers_then_stops_cleanly_on_a_signal(folder, signum):
-    """The engine's loop runs on the main thread and HTTP on another (cli/serve_cmd.run): a request is answered
-    through both, and SIGTERM (a service manager's stop) or SIGINT (Ctrl-C) ends the process with status 0."""
+def test_serve_answers_what_is_in_flight_then_stops_on_a_signal(folder, signum):
+    """The engine's loop runs on the main thread and HTTP on another (cli/serve_cmd.run). SIGTERM (a service
+    manager's stop) or SIGINT (Ctrl-C) while a streamed answer is under way: that answer still arrives whole, then
+    the process ends with status 0."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "quantkit", "serve", str(folder), "--port", str(port),
                              "--model-name", "m"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/v1/completions"
     try:
-        body = {"model": "m", "prompt": "Hello", "max_tokens": 3, "temperature": 0, "ignore_eos": True}
         deadline = time.monotonic() + 120
         while True:
             try:
-                r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body, timeout=60)
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
                 break
             except httpx.TransportError:
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
                 time.sleep(0.2)
-        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-        proc.send_signal(signum)
+        body = {"model": "m", "prompt": "Hello", "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+                "stream": True, "stream_options": {"include_usage": True}}
+        events = []
+        with httpx.stream("POST", url, json=body, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 1:
+                        proc.send_signal(signum)
+        assert events[-1] == "[DONE]"
+        usage = [json.loads(e)["usage"] for e in events[:-1] if json.loads(e).get("usage")]
+        assert usage and usage[-1]["completion_tokens"] == 200, events[-3:]
         assert proc.wait(timeout=30) == 0, proc.stderr.read()[-2000:]
     finally:
         if proc.poll() is None:

@@ -188,10 +188,14 @@ def run(engine, base, name: str, config, sock: socket.socket) -> None:
         finally:
             engine.close()  # a server that failed to start, or stopped, ends the loop below
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
+    def stop(signum, frame):
+        if server.should_exit:  # a second Ctrl-C or SIGTERM: stop now
+            raise KeyboardInterrupt
+        # take no new requests; the loop below runs on until uvicorn has answered those in flight and returned
+        server.should_exit = True
 
-    previous = signal.signal(signal.SIGTERM, interrupt)  # uvicorn listens for signals on the main thread only
+    # uvicorn listens for signals on the main thread only, which is the loop's
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     http = threading.Thread(target=serve_http, name="quantkit-http", daemon=True)
     http.start()
     try:
@@ -199,7 +203,8 @@ def run(engine, base, name: str, config, sock: socket.socket) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         server.should_exit = True
         http.join(timeout=10)
         sock.close()
