@@ -26,6 +26,7 @@ SUITES = {
     "scaling": "bench.scaling_suite",
     "serve_split": "bench.serve_split",
     "gguf": "bench.gguf",
+    "capped_default": "bench.capped_default",
 }
 
 # the instruction-set flags that choose CPU kernels (AVX-512 and AMX paths in torch, oneDNN and FBGEMM)

@@ -108,8 +108,8 @@ def _calibration(recipe: Recipe, model, tok, weights=None, start_anon: int | Non
     lazy because the float model does not fit."""
     from .pipeline.sampling_copy import float_rows, held_beside, sample_with_rtn_copy, sampling_record
 
-    def load(sampler, rows: int):
-        return preflight.calibration(recipe, tok, model=sampler, batch_size=rows)
+    def load(sampler, rows: int, openings=None):
+        return preflight.calibration(recipe, tok, model=sampler, batch_size=rows, opening_model=openings)
 
     seq_len, bits = recipe.calibration.seq_len, None
     if weights is not None:

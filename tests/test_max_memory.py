@@ -108,7 +108,7 @@ def test_the_copy_rounds_each_decoder_linear_and_shares_the_rest(tmp_path, bits)
         with torch.no_grad():
             return copy(input_ids=ids).logits, ref(input_ids=ids).logits
 
-    (got, want), chosen = sample_with_rtn_copy(model, weights, "cpu", cap, 12, lambda copy, rows: check(copy))
+    (got, want), chosen = sample_with_rtn_copy(model, weights, "cpu", cap, 12, lambda copy, rows, openings: check(copy))
     assert chosen == bits
     # W4 of random weights moves the logits, but the copy is the same network
     assert torch.corrcoef(torch.stack([got.flatten(), want.flatten()]))[0, 1] > 0.9
@@ -123,7 +123,7 @@ def test_a_copy_that_does_not_fit_either_is_refused(tmp_path):
 
     model, _, _, weights = open_lazy(str(make_tiny_model(tmp_path / "tiny", "llama")), "float32")
     with pytest.raises(UserError, match="--calib"):
-        sample_with_rtn_copy(model, weights, "cpu", "1KiB", 16, lambda copy, rows: pytest.fail("built beyond the cap"))
+        sample_with_rtn_copy(model, weights, "cpu", "1KiB", 16, lambda copy, rows, openings: pytest.fail("built beyond the cap"))
 
 
 def test_rows_sampled_at_once_are_what_the_cap_leaves_beside_the_model(tmp_path):
@@ -145,5 +145,40 @@ def test_rows_sampled_at_once_are_what_the_cap_leaves_beside_the_model(tmp_path)
     assert sc.rows_that_fit(held, row, 10**15) == 32  # never more than selfgen's own batch
     seen = []
     cap = f"{int((held + 2.5 * row) * (1 + sc.SAMPLING_MARGIN))}"
-    sc.sample_with_rtn_copy(model, weights, "cpu", cap, 64, lambda copy, rows: seen.append(rows))
+    sc.sample_with_rtn_copy(model, weights, "cpu", cap, 64, lambda copy, rows, openings: seen.append(rows))
     assert seen == [2]
+
+
+def test_the_openings_are_the_float_models_own_streamed_layer_by_layer(tmp_path):
+    """A capped run samples from the RTN copy but draws each sample's first token from the float model, run layer
+    by layer from disk (models/streamed_forward.py): its logits are the whole float model's, it leaves the layers'
+    weights unread, and the openings it picks are those the whole float model picks (the copy's own differ)."""
+    from helpers import make_tiny_model
+    from serve_helpers import real_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from quantkit.data.selfgen import sample_from_model
+    from quantkit.models.lazy import meta_tensors, open_lazy
+    from quantkit.models.streamed_forward import StreamedForward
+    from quantkit.pipeline.sampling_copy import sample_with_rtn_copy
+
+    tok = real_tokenizer()
+    folder = make_tiny_model(tmp_path / "tiny", "llama", vocab_size=len(tok), layers=2)
+    ref = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    model, _, _, weights = open_lazy(str(folder), "float32")
+    lazy_meta = set(meta_tensors(model))
+    ids = torch.randint(0, len(tok), (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(StreamedForward(weights)(input_ids=ids).logits, ref(input_ids=ids).logits,
+                                   rtol=1e-5, atol=1e-5)
+    assert set(meta_tensors(model)) == lazy_meta  # every layer it read is dropped again
+
+    def firsts(sampler, openings=None):
+        rows, _ = sample_from_model(sampler, tok, 16, 4, seed=3, opening_model=openings)
+        return [int(r[0]) for r in rows]
+
+    want = firsts(ref)
+    got, bits = sample_with_rtn_copy(model, weights, "cpu", None, 4,
+                                     lambda copy, rows, openings: (firsts(copy, openings), firsts(copy)))
+    assert bits == 8 and got[0] == want
+    assert got[1] != want  # without them the copy's openings differ: the test would hold by construction otherwise

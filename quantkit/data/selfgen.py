@@ -66,7 +66,10 @@ def _cache_kwargs(out) -> dict:
 @torch.no_grad()
 def sample_from_model(model, tokenizer, num_samples: int, seq_len: int, seed: int,
                       temperature: float = DEFAULTS["temperature"], top_p: float = DEFAULTS["top_p"],
-                      batch_size: int = DEFAULTS["batch_size"]) -> tuple[list[torch.Tensor], dict]:
+                      batch_size: int = DEFAULTS["batch_size"], opening_model=None) -> tuple[list[torch.Tensor], dict]:
+    """NUM_SAMPLES rows of SEQ_LEN tokens sampled from MODEL. opening_model: the model whose next-token
+    distribution after the start picks each row's first token, when that should not be MODEL (a memory-capped
+    run samples from an RTN copy but takes the float model's openings: models/streamed_forward.py says why)."""
     device = next(model.parameters()).device
     vocab = min(len(tokenizer), model.get_output_embeddings().weight.shape[0])
     prefix = prefix_special_ids(tokenizer)
@@ -78,7 +81,7 @@ def sample_from_model(model, tokenizer, num_samples: int, seq_len: int, seed: in
     was_training = model.training
     model.eval()
     try:
-        firsts = _first_tokens(model, tokenizer, context, num_samples, vocab, g)
+        firsts = _first_tokens(opening_model or model, tokenizer, context, num_samples, vocab, g)
         n_new = seq_len - len(prefix) - 1
         samples = []
         for b in range(0, num_samples, batch_size):

@@ -125,6 +125,19 @@ class LazyWeights:
             self._replace(key, nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False))
         heap.trim()
 
+    def unload_layer(self, i: int) -> None:
+        """Every tensor layer I read back on meta, as before load_layer (models/streamed_forward.py)."""
+        for key in self.layer_keys(i):
+            mod, leaf = self.slots[key][0]
+            t = mod._parameters[leaf] if leaf in mod._parameters else mod._buffers[leaf]
+            meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            for m, lf in self.slots[key]:
+                if lf in m._parameters:
+                    m._parameters[lf] = nn.Parameter(meta, requires_grad=False)
+                else:
+                    m._buffers[lf] = meta
+        heap.trim()
+
     def _replace(self, key: str, new) -> None:
         for m, lf in self.slots[key]:
             m._parameters[lf] = new

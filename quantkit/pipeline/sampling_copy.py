@@ -10,8 +10,9 @@ freed before the float layers stream again for the real quantisation.
 
 Why W8 first: the text is what the float model's solvers calibrate on, and a W4 copy writes text the float model
 would not. SmolLM2-135M's default (AWQ) on 8 x 128 tokens sampled under cpu=448MiB scored +1.44% perplexity above
-the float-sampled run on held-out prose (+1.86% on 16 x 256), a W8 copy's text +0.60% (2-core AMD EPYC,
-2026-12-04).
+the float-sampled run on held-out prose (+1.86% on 16 x 256), a W8 copy's text +1.23% over five seeds (2-core AMD
+EPYC, 2026-12-04). Each sample's first token is the float model's pick, its layers streamed for that one forward
+(models/streamed_forward.py): with it the W8 copy's text scored -0.36% (mean of five seeds, each within 1%).
 
 Sampling holds the sampling model and, per row sampled at once, that row's KV cache at full length and the
 sampler's work on its next-token logits (row_bytes), plus SAMPLING_MARGIN of the whole for the allocator. The
@@ -33,6 +34,7 @@ from ..kernels import dispatch
 from ..linear.quant import QuantLinear
 from ..models.hf import meta_model
 from ..models.lazy import LazyWeights
+from ..models.streamed_forward import StreamedForward
 from ..recipe.memory_cap import cap_for, parse_max_memory
 from ..schemes import fitting_group_size, get_scheme
 from ..solvers.rtn import rtn_quantize
@@ -117,7 +119,8 @@ def sampling_record(model: nn.Module, max_memory: str | None, copy_bits: int | N
     """quantkit.json's note of which model wrote the calibration text (the float model, or the copy of COPY_BITS),
     and under which cap."""
     return {"model": copy_name(copy_bits) if copy_bits else "float", "max_memory": max_memory or "free host memory",
-            "float_bytes": float_bytes(model), "margin": SAMPLING_MARGIN}
+            "float_bytes": float_bytes(model), "margin": SAMPLING_MARGIN,
+            "openings": "float, layer by layer" if copy_bits else "float"}
 
 
 def copy_bytes(model: nn.Module, layers_name: str, bits: int) -> int:
@@ -163,8 +166,10 @@ def copy_that_fits(model: nn.Module, layers_name: str, device: str, max_memory: 
 
 def sample_with_rtn_copy(model: nn.Module, weights: LazyWeights, device: str, max_memory: str | None, seq_len: int,
                          sample, held: int = 0):
-    """(sample(copy, rows), bits) with an RTN copy of the lazily opened MODEL on DEVICE, of the most bits that
-    fit the cap, rows being how many are sampled at once within it; the copy is freed again before returning."""
+    """(sample(copy, rows, openings), bits) with an RTN copy of the lazily opened MODEL on DEVICE, of the most bits
+    that fit the cap, rows being how many are sampled at once within it and openings the float model streamed
+    layer by layer (whose next-token distribution picks each sample's first token: models/streamed_forward.py);
+    the copy is freed again before returning."""
     bits, rows, need = copy_that_fits(model, weights.layers_name, device, max_memory, seq_len, held)
     if rows == 0:
         raise UserError(f"neither the float model ({float_bytes(model) / 2**30:.2f} GiB) nor its W4 copy "
@@ -173,7 +178,7 @@ def sample_with_rtn_copy(model: nn.Module, weights: LazyWeights, device: str, ma
                         "--max-memory or calibrate on a dataset (--calib wikitext2 or a file)")
     copy = _build(model, weights, device, bits)
     try:
-        return sample(copy, rows), bits
+        return sample(copy, rows, StreamedForward(weights)), bits
     finally:
         del copy
         gc.collect()
