@@ -6,7 +6,7 @@ does not fit: a memory-capped run's self-sampled calibration takes its openings 
 first token of each sample, drawn from the top 1,024 of the next-token distribution after the start token) are
 where a round-to-nearest copy's distribution differs most: SmolLM2-135M's default, calibrated on text its W8 copy
 sampled from its own openings, scored +1.23% perplexity above the float-sampled run (five seeds, 8 x 128 tokens),
-and -0.35% with the float model's openings and the copy's continuations (docs/distributed.md).
+and -0.36% with the float model's openings and the copy's continuations (docs/distributed.md).
 """
 from __future__ import annotations
 
