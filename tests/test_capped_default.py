@@ -1,15 +1,17 @@
 """Issue 39.5: the default (self-sampled calibration, `--method auto`) runs on SmolLM2 under a --max-memory cap
-below its float model and holds at most the cap. The cap was 448MiB until the float model's openings (models/streamed_forward.py): since then the solving stage
-peaked at 427-450 MiB there (it was 407-420; cause not found), so 448MiB left no margin and 480MiB keeps the ~30
-MiB it had. (Its score against the uncapped default is the benchmark's,
-`python -m bench capped_default`: one seed's text says little, and five seeds both ways take ten minutes.)
+below its float model and holds at most the cap. The cap was 448MiB until the float model's openings
+(models/streamed_forward.py): since then the solving stage peaked at 427-450 MiB there (it was 407-420; cause not
+found), so 448MiB left no margin and 480MiB keeps the ~30 MiB it had. (Its score against the uncapped default is
+the benchmark's, `python -m bench capped_default`: one seed's text says little, and five seeds both ways take ten
+minutes.)
 
-SmolLM2-135M computes in float32 on a CPU: 538 MB (513 MiB) of weights. Under cpu=480MiB the float model cannot sample, so
-a round-to-nearest W8 copy built while the layers stream samples the calibration text (pipeline/sampling_copy.py),
-the float layers stream again to be solved, and each layer's codes go to disk as they are solved
-(formats/code_spool.py). The peak counted is anonymous memory above the imported process (tests/anon_peak.py says
-why). The calibration is smaller than the default's (8 x 128 tokens, not 128 x 512) so the run takes about a
-minute on two cores; what is capped does not grow with it beyond the sampler's rows, which the cap sets.
+SmolLM2-135M computes in float32 on a CPU: 538 MB (513 MiB) of weights. Under cpu=480MiB the float model cannot
+sample, so a round-to-nearest W8 copy built while the layers stream samples the calibration text
+(pipeline/sampling_copy.py), the float layers stream again to be solved, and each layer's codes go to disk as they
+are solved (formats/code_spool.py). The peak counted is anonymous memory above the imported process
+(tests/anon_peak.py says why). The calibration is smaller than the default's (8 x 128 tokens, not 128 x 512) so
+the run takes about a minute on two cores; what is capped does not grow with it beyond the sampler's rows, which
+the cap sets.
 """
 from __future__ import annotations
 
