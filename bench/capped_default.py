@@ -33,13 +33,11 @@ def quantise(out: Path, row: dict, seed: int, capped: bool) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"{' '.join(cmd)}: exit {p.returncode}\n{p.stderr[-2000:]}")
-
     calib = json.loads((out / "quantkit.json").read_text()).get("calibration", {})
     return calib.get("sampled_by", {})
 
 
 def run(rows: list[dict], quick: bool) -> dict:
-    import torch
     from transformers import AutoTokenizer
 
     from quantkit.data import load_eval_windows
@@ -50,7 +48,6 @@ def run(rows: list[dict], quick: bool) -> dict:
 
     tok = AutoTokenizer.from_pretrained(embedded_model_dir())
     windows = load_eval_windows(str(EVAL), tok, seq_len=512, max_windows=None)
-    torch.manual_seed(0)
     results = []
     for row in rows:
         pairs, sampled_by = [], set()

@@ -119,28 +119,24 @@ class LazyWeights:
     def release(self, linear_names) -> None:
         """Drop the float weights of these (quantised) Linears; their codes live on in the pipeline's QWeights."""
         for name in linear_names:
-            key = f"{name}.weight"
-            mod, leaf = self.slots[key][0]
-            w = mod._parameters[leaf]
-            self._replace(key, nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False))
+            self._to_meta(f"{name}.weight")
         heap.trim()
 
     def unload_layer(self, i: int) -> None:
         """Every tensor layer I read back on meta, as before load_layer (models/streamed_forward.py)."""
         for key in self.layer_keys(i):
-            mod, leaf = self.slots[key][0]
-            t = mod._parameters[leaf] if leaf in mod._parameters else mod._buffers[leaf]
-            meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
-            for m, lf in self.slots[key]:
-                if lf in m._parameters:
-                    m._parameters[lf] = nn.Parameter(meta, requires_grad=False)
-                else:
-                    m._buffers[lf] = meta
+            self._to_meta(key)
         heap.trim()
 
-    def _replace(self, key: str, new) -> None:
+    def _to_meta(self, key: str) -> None:
+        """KEY's tensor replaced by a meta one of its shape, one object under every name it has (tied stay tied)."""
+        mod, leaf = self.slots[key][0]
+        t = mod._parameters[leaf] if leaf in mod._parameters else mod._buffers[leaf]
+        meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+        if isinstance(t, nn.Parameter):
+            meta = nn.Parameter(meta, requires_grad=False)
         for m, lf in self.slots[key]:
-            m._parameters[lf] = new
+            (m._parameters if lf in m._parameters else m._buffers)[lf] = meta
 
 
 def meta_tensors(model: nn.Module) -> list[str]:
