@@ -44,19 +44,28 @@ def test_the_parts_add_up_inside_what_the_client_measured(one_slot_server):
     assert split["decode"] == pytest.approx(m["tpot_s"] * 23, rel=1e-6)
 
 
-def test_a_request_waiting_for_the_only_slot_shows_the_wait_as_queue(one_slot_server):
+def test_a_request_waiting_for_the_only_slot_shows_the_wait_as_queue(one_slot_server, monkeypatch):
+    # The engine's own clock decides: the server-side moments of both requests are kept as they finish, so
+    # no client-side guess of the HTTP hop enters the check.
+    engine, seen = one_slot_server.engine, {}
+    finish = engine._finish
+    monkeypatch.setattr(engine, "_finish", lambda req: (seen.__setitem__(req.id, req.seq.metrics), finish(req)))
+    body = {"model": NAME, "prompt": "a b c " * 20, "max_tokens": 180, "temperature": 0, "ignore_eos": True,
+            "stream": True}
     first: dict = {}
-    sent = time.perf_counter()
-    t = threading.Thread(target=lambda: first.update(m=_complete(one_slot_server, 180)[0]))
-    t.start()
-    time.sleep(0.05)  # the first request holds the one decode slot
-    lead = time.perf_counter() - sent
-    second, _ = _complete(one_slot_server, 4)
+    with httpx.stream("POST", one_slot_server.url + "/v1/completions", json=body, timeout=60) as r:
+        first["id"] = r.headers["x-request-id"]
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))  # the first holds the one decode slot now
+        t = threading.Thread(target=lambda: first.update(second=_complete(one_slot_server, 4)[0]))
+        t.start()
+        for _ in lines:
+            pass
     t.join()
-    a, b = first["m"]["split_s"], second["split_s"]
-    work = a["prefill"] + a["decode"]
-    assert lead < 0.5 * work, (lead, a)  # the second arrived while the first was still decoding
-    # the second could start only once the first finished: its queue spans the first's work left when it
-    # arrived (less its own tokenising and a margin for the HTTP hop)
-    assert b["queue"] >= work - lead - b["tokenise"] - 0.05, (a, b, lead)
-    assert b["prefill"] < b["queue"]
+    a, b = seen[first["id"]], first["second"]
+    b_seen = next(m for rid, m in seen.items() if rid != first["id"])
+    assert b_seen.t_received < a.t_last, "the second request must arrive while the first decodes"
+    # it could start only once the first finished, so its queue spans at least the first's work left after it
+    # was tokenised; that wait is queue, not prefill
+    assert b["split_s"]["queue"] >= a.t_last - b_seen.t_start, (b["split_s"], a.t_last - b_seen.t_start)
+    assert b["split_s"]["prefill"] < b["split_s"]["queue"]
