@@ -186,17 +186,27 @@ def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, 
 
 def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
     experts = stages.expert_linears(layer)
-    for stage in stages.stages(_groups(layer, names, inputs), names):
+    groups = _groups(layer, names, inputs)
+    for stage in stages.stages(groups, names):
         solvers = {m: solve.make(names[m]) for m in stage}
         fed = dict.fromkeys(stage, 0)
         if any(s.needs_data for s in solvers.values()):
             # the calibration hold-out goes to the solvers' guards (gptq_guard.py): the samples AWQ keeps out
             held = set(holdout.split(len(inputs.hidden), solve.plan.recipe.calibration.holdout)[1] or ())
             sample = [0]
+            leader_of = _leaders(groups, solvers)
+            seen: dict = {}  # leader -> the tensor it was fed in this sample, which its followers must read too
 
             def sink(mod, x):
                 x = x.reshape(-1, x.shape[-1])
                 fed[mod] += x.shape[0]
+                lead = leader_of.get(mod)
+                if lead is not None:
+                    if seen.get(lead) != (x.data_ptr(), x.shape):
+                        raise RuntimeError(f"{names[mod]} did not read the tensor {names[lead]} read; "
+                                           "its statistics cannot be shared")
+                    return
+                seen[mod] = (x.data_ptr(), x.shape)
                 if sample[0] in held:
                     solvers[mod].add_holdout(x)
                 else:
@@ -209,9 +219,12 @@ def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
             with stages.ExpertFeed(stage, experts, solve.plan.moe.get("calibrate_all_experts", False)):
                 capture.feed_group(layer, stage, inputs, sink, next_sample)
             if distributed.active():  # each rank fed its share of the samples: pool what the solvers saw
-                for s in solvers.values():
-                    s.reduce(distributed.Pool)
+                for m, s in solvers.items():
+                    if m not in leader_of:
+                        s.reduce(distributed.Pool)
                 fed = {m: distributed.Pool.count(n) for m, n in fed.items()}
+            for m, lead in leader_of.items():
+                solvers[m].adopt(solvers[lead])
             share_inputs(list(solvers.values()))
         jobs = []
         for m, s in solvers.items():
@@ -219,6 +232,23 @@ def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
                 s = _expert_solver(m, s, fed[m], experts[m], names[m], solve)
             jobs.append((names[m], s))
         solve.all(jobs)
+
+
+def _leaders(groups: list[list], solvers: dict) -> dict:
+    """{follower: leader} among this stage's solvers: Linears of one input group whose solvers gather the same
+    statistics (LinearSolver.shared_statistics) are fed once, through the first of them; q/k/v's Hessian is then
+    summed once, not three times."""
+    out = {}
+    for g in groups:
+        first: dict = {}
+        for m in g:
+            s = solvers.get(m)
+            key = None if s is None or not s.needs_data else s.shared_statistics()
+            if key is not None:
+                lead = first.setdefault(key, m)
+                if lead is not m:
+                    out[m] = lead
+    return out
 
 
 def _groups(layer, names: dict, inputs) -> list[list]:

@@ -48,6 +48,16 @@ class LinearSolver:
         """A held-out sample's inputs; a solver without a guard learns from them like any other."""
         self.add_batch(x)
 
+    def shared_statistics(self):
+        """A key for what add_batch gathers: Linears that read one tensor (q/k/v, gate/up) and whose solvers give
+        equal keys need it gathered once, so the pipeline feeds the first and the others adopt() its statistics.
+        None: this solver gathers its own."""
+        return None
+
+    def adopt(self, leader: "LinearSolver") -> None:
+        """Take LEADER's statistics as this solver's own (LEADER was fed the tensor this Linear reads)."""
+        raise NotImplementedError
+
     def reduce(self, pool) -> None:
         """Data-parallel runs: pool the statistics gathered from this rank's samples with every other rank's
         (pool: distributed.Pool, in-place sum and max); after it, each rank holds what one process fed every

@@ -98,11 +98,11 @@ class FP4Grid:
         gscale = None if self.global_scale is None else self.div
         self.scale_t[g] = search_scales(wg, self.scheme, gscale, importance.clamp_min(0).reshape(1, -1))[:, 0]
 
-    def round(self, pos: int, row: torch.Tensor, g: int) -> torch.Tensor:
+    def round(self, pos: int, row: torch.Tensor, g: int, out: torch.Tensor) -> torch.Tensor:
         eff = self.scale_t[g] / self.div
         v = fp4.round_e2m1(row / eff)
         self.codes_t[pos] = v
-        return v * eff
+        return torch.mul(v, eff, out=out)
 
     def result(self, inv: torch.Tensor, deq: torch.Tensor, stats: dict, actorder) -> QWeight:
         g = None if self.global_scale is None else self.global_scale.cpu()

@@ -38,6 +38,10 @@ class FP8GPTQSolver(GPTQSolver):
         if self.inputs is not None:  # the input scale is not judged by the guard: it learns from every sample
             self.inputs.add(x)
 
+    def shared_statistics(self):
+        # a static input scale is gathered beside the Hessian, per Linear (base.share_inputs merges them later)
+        return None if self.inputs is not None else super().shared_statistics()
+
     def reduce(self, pool) -> None:
         super().reduce(pool)
         if self.inputs is not None:

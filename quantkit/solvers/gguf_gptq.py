@@ -37,12 +37,12 @@ class BlockGrid:
             self.lo, self.hi = -128, 127
         self.codes_t = torch.zeros(n, out, dtype=torch.int16)
 
-    def round(self, pos: int, row: torch.Tensor, g: int) -> torch.Tensor:
+    def round(self, pos: int, row: torch.Tensor, g: int, out: torch.Tensor) -> torch.Tensor:
         step, low = self.step_t[pos], self.low_t[pos]
         safe = torch.where(step == 0, torch.ones_like(step), step)
         level = torch.where(step == 0, torch.zeros_like(row), torch.round((row + low) / safe)).clamp(self.lo, self.hi)
         self.codes_t[pos] = level.to(torch.int16)
-        return step * level - low
+        return torch.sub(step * level, low, out=out)
 
 
 def gguf_gptq(w: torch.Tensor, H: torch.Tensor, type_name: str, damp: float = 0.01, block_size: int = 128):

@@ -156,28 +156,32 @@ def _fallback(w0, H0, scheme, clip_search, scale_dtype, used, n_dead, name, t0) 
 
 def _column_loop(Wt, U, grid, order: _Order, fixed: list[bool], pdiag, block_size: int):
     """Round column after column (rows of Wt), pushing each one's error onto the columns not yet rounded;
-    updates are applied lazily per block of columns. Returns (dequantised rows, Σ‖scaled error‖²)."""
+    updates are applied lazily per block of columns. Returns (dequantised rows, Σ‖scaled error‖²).
+
+    The loop runs once per input column of every Linear, so each step is the fewest tensor calls that give the
+    same values: rounding writes straight into the grid's codes and the result rows, the error is divided by
+    U's diagonal as a Python float (the same float32 value), and no temporary is allocated."""
     n, out = Wt.shape
     deq_t = torch.empty(n, out, device=Wt.device)
     err_sq = torch.zeros((), dtype=torch.float64, device=Wt.device)
+    gid, diag = order.gid, U.diagonal().tolist()
     for i1 in range(0, n, block_size):
         i2 = min(i1 + block_size, n)
         W1 = Wt[i1:i2]  # a view: the block is updated in place
         E1 = torch.empty(i2 - i1, out, device=Wt.device)
-        U1 = U[i1:i2, i1:i2]
+        U1t = U[i1:i2, i1:i2].t().unsqueeze(-1)  # U1t[i, k] = U1[k, i]: column i's factors as [rows, 1] views
         for i in range(i2 - i1):
-            g = order.gid[i1 + i]
+            pos = i1 + i
+            g = gid[pos]
             if not fixed[g]:
                 cols = order.members[g]
                 grid.fit(g, _current_rows(Wt, E1, U, i1, i2, i, cols), pdiag[cols])
                 fixed[g] = True
-            row = W1[i]
-            dq = grid.round(i1 + i, row, g)
-            deq_t[i1 + i] = dq
-            err = (row - dq).div_(U1[i, i])
-            E1[i] = err
+            row, err = W1[i], E1[i]
+            dq = grid.round(pos, row, g, deq_t[pos])
+            torch.sub(row, dq, out=err).div_(diag[pos])
             # addmm_ with an outer-product shape: torch 2.13 CPU addr_ is ~100x slower on these blocks
-            W1[i:].addmm_(U1[i, i:].unsqueeze(1), err.unsqueeze(0), alpha=-1)
+            W1[i:].addmm_(U1t[i:, i], err.unsqueeze(0), alpha=-1)
         err_sq += E1.double().pow(2).sum()
         if i2 < n:
             Wt[i2:].addmm_(U[i1:i2, i2:].t(), E1, alpha=-1)
@@ -242,6 +246,14 @@ class GPTQSolver(LinearSolver):
         if self._hold_sum is None:
             self._hold_sum = torch.zeros_like(self._sum)
         self.hold_tokens = self._accumulate(self._hold_sum, self.hold_tokens, x)
+
+    def shared_statistics(self):
+        return ("hessian", self.balance_tokens)
+
+    def adopt(self, leader: "GPTQSolver") -> None:
+        # the sums are only read from here on (hessian() makes new tensors), so both can hold the same ones
+        self._sum, self._hold_sum = leader._sum, leader._hold_sum
+        self.tokens, self.hold_tokens = leader.tokens, leader.hold_tokens
 
     def reduce(self, pool) -> None:
         self.tokens = pool.count(self.tokens)

@@ -14,7 +14,7 @@ from .. import e4m3
 from ..qweight import QWeight
 from ..schemes import Scheme
 from .fp8 import fp8_weight_scale
-from .rtn import dequantize_groups, quantize_groups, rtn_quantize
+from .rtn import rtn_quantize
 
 
 def group_params(wg: torch.Tensor, scheme: Scheme, scale_dtype, clip_search: bool, importance: torch.Tensor):
@@ -46,12 +46,16 @@ class IntGrid:
         if self.zero_t is not None:
             self.zero_t[g] = z[:, 0]
 
-    def round(self, pos: int, row: torch.Tensor, g: int) -> torch.Tensor:
-        s = self.scale_t[g]
-        z = None if self.zero_t is None else self.zero_t[g]
-        qc = quantize_groups(row.unsqueeze(1), s, z, self.scheme)
-        self.codes_t[pos] = qc[:, 0]
-        return dequantize_groups(qc, s, z)[:, 0]
+    def round(self, pos: int, row: torch.Tensor, g: int, out: torch.Tensor) -> torch.Tensor:
+        # quantize_groups then dequantize_groups, step by step in place (the same values, no temporaries)
+        s, q = self.scale_t[g], self.codes_t[pos]
+        torch.div(row, s, out=q).round_()
+        if self.zero_t is None:
+            q.clamp_(self.scheme.qmin, self.scheme.qmax)
+            return torch.mul(q, s, out=out)
+        z = self.zero_t[g]
+        q.add_(z).clamp_(self.scheme.qmin, self.scheme.qmax)
+        return torch.sub(q, z, out=out).mul_(s)
 
     def result(self, inv: torch.Tensor, deq: torch.Tensor, stats: dict, actorder) -> QWeight:
         codes = self.codes_t[inv].t()
@@ -69,8 +73,8 @@ class FP8Grid:
         self.scale = fp8_weight_scale(W, scheme, scale_dtype)
         self.scale_t = self.scale.reshape(-1, 1).expand(W.shape[0], 1).t().contiguous()  # [1, out]
 
-    def round(self, pos: int, row: torch.Tensor, g: int) -> torch.Tensor:
-        return e4m3.fake_quantize(row, self.scale_t[g])  # the codes are recovered from deq at the end, exactly
+    def round(self, pos: int, row: torch.Tensor, g: int, out: torch.Tensor) -> torch.Tensor:
+        return out.copy_(e4m3.fake_quantize(row, self.scale_t[g]))  # the codes come back from deq at the end, exactly
 
     def result(self, inv: torch.Tensor, deq: torch.Tensor, stats: dict, actorder) -> QWeight:
         # deq / scale is an e4m3 value by construction, so quantising it again is exact
