@@ -16,6 +16,7 @@ from .script_suite import run_script, venv_missing
 
 HERE = Path(__file__).resolve().parent
 LLMC = "QUANTKIT_BENCH_LLMCOMPRESSOR_PYTHON"
+VENV = HERE.parent / ".venv-llmc" / "bin" / "python"
 ROWS = [
     # llm-compressor's default act-order ("static") is quantkit's "weight"
     {"name": "llm-compressor w4 g64 gptq", "llmc": {"actorder": "weight"}},
@@ -28,8 +29,11 @@ ROWS = [
 ]
 
 
-def llmcompressor_rows(rows: list[dict], quick: bool) -> list[dict]:
-    python = os.environ.get(LLMC)
+def llmcompressor_rows(rows: list[dict], quick: bool, setup: dict | None = None, calib=None,
+                       windows=None) -> list[dict]:
+    """llm-compressor's rows on SETUP's tokens (quality.SETUP by default; CALIB and WINDOWS when the caller has
+    them already), in the venv LLMC names, else .venv-llmc."""
+    python = os.environ.get(LLMC) or (str(VENV) if VENV.exists() else None)
     if not python:
         return [{"name": r["name"], "skipped": f"set {LLMC} to a python with llmcompressor"} for r in rows]
     import torch
@@ -39,8 +43,9 @@ def llmcompressor_rows(rows: list[dict], quick: bool) -> list[dict]:
 
     import quantkit
 
-    setup = {**SETUP, **(QUICK if quick else {})}
-    calib, windows = tokens(setup)
+    setup = setup or {**SETUP, **(QUICK if quick else {})}
+    if calib is None:
+        calib, windows = tokens(setup)
     ref = score(quantkit.load(setup["model"], exact=True, dtype=torch.float32), windows)["top1"]
     out = []
     with tempfile.TemporaryDirectory(prefix="quantkit-peers-") as tmp:

@@ -67,8 +67,10 @@ def measure(model_path: str, rows: list[dict], calib, windows) -> list[dict]:
         res = {"name": row["name"]}
         if row["set"]:
             t, c = time.perf_counter(), time.process_time()
-            quantize_model(model, build_plan(model, apply_overrides(Recipe(), row["set"])), calib)
+            result = quantize_model(model, build_plan(model, apply_overrides(Recipe(), row["set"])), calib)
             res["quantise_wall_s"], res["quantise_cpu_s"] = time.perf_counter() - t, time.process_time() - c
+            # the solvers' own time (each Linear's solve, guards included); the rest is feeding them
+            res["solve_wall_s"] = sum(s.get("seconds", 0.0) for s in result.stats.values())
         s = score(model, windows, ref)
         ref = s["top1"] if ref is None else ref
         res.update(ppl=s["ppl"], agreement=s["agreement"])

@@ -27,6 +27,7 @@ SUITES = {
     "serve_split": "bench.serve_split",
     "gguf": "bench.gguf",
     "capped_default": "bench.capped_default",
+    "gptq_time": "bench.gptq_time",
 }
 
 # the instruction-set flags that choose CPU kernels (AVX-512 and AMX paths in torch, oneDNN and FBGEMM)

@@ -52,12 +52,18 @@ def factor(H: torch.Tensor, damp: float, name: str) -> tuple[torch.Tensor | None
     return None, used
 
 
-def relative_output_error(w: torch.Tensor, deq: torch.Tensor, H: torch.Tensor) -> float:
-    """tr(D H Dᵀ) / tr(W H Wᵀ) with D = W - Q: the calibration outputs' relative squared error, up to H's scale."""
+def relative_output_error(w: torch.Tensor, deq: torch.Tensor, H: torch.Tensor,
+                          den: torch.Tensor | None = None) -> float:
+    """tr(D H Dᵀ) / tr(W H Wᵀ) with D = W - Q: the calibration outputs' relative squared error, up to H's scale.
+    den: output_energy(w, H), when several Q of one W are compared (it is the same for all)."""
     d = w - deq
     num = ((d @ H) * d).sum()
-    den = ((w @ H) * w).sum().clamp_min(1e-30)
-    return float(num / den)
+    return float(num / (output_energy(w, H) if den is None else den))
+
+
+def output_energy(w: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
+    """tr(W H Wᵀ), kept away from zero: relative_output_error's denominator."""
+    return ((w @ H) * w).sum().clamp_min(1e-30)
 
 
 def output_error_from_updates(err_sq, damp_abs: float, w, deq, dead, H) -> float:

@@ -17,11 +17,7 @@ from typing import Callable
 import torch
 
 from ..qweight import QWeight
-from .gptq_factor import relative_output_error
-
-
-def held_out_error(w: torch.Tensor, qw: QWeight, H_hold: torch.Tensor) -> float:
-    return relative_output_error(w.float(), qw.dequantize().float(), H_hold)
+from .gptq_factor import output_energy, relative_output_error
 
 
 def choose(w: torch.Tensor, H_hold: torch.Tensor, first: tuple[str, QWeight],
@@ -29,11 +25,17 @@ def choose(w: torch.Tensor, H_hold: torch.Tensor, first: tuple[str, QWeight],
     """(label, codes) of the candidate with the lowest held-out output error; FIRST wins ties (it is what the
     user asked for). Every candidate's error goes into the winner's stats, so quantkit.json shows the margin."""
     label, best = first
-    errors = {label: held_out_error(w, best, H_hold)}
+    w = w.float()
+    den = output_energy(w, H_hold)
+
+    def held_out_error(qw: QWeight) -> float:
+        return relative_output_error(w, qw.dequantize().float(), H_hold, den)
+
+    errors = {label: held_out_error(best)}
     best_label = label
     for name, make in others:
         qw = make()
-        errors[name] = held_out_error(w, qw, H_hold)
+        errors[name] = held_out_error(qw)
         if errors[name] < errors[best_label]:
             best, best_label = qw, name
     best.stats["held_out_error"] = {k: round(v, 6) for k, v in errors.items()}
