@@ -23,7 +23,7 @@ def eval_(
     max_new_tokens: int = typer.Option(32, "--max-new-tokens", help="Greedy tokens per task prompt (answers stop at a line end)."),
     device: str = typer.Option("auto", "--device", help="auto (CUDA when this torch sees a GPU, else CPU), cpu, cuda or cuda:N."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float16, bfloat16 or float32 (default: float32 on CPU, the checkpoint's on GPU)."),
-    backend: Optional[list[str]] = typer.Option(None, "--backend", help="Also score every model with these engines side by side (repeatable, two or more): quantkit, transformers, vllm."),
+    backend: Optional[list[str]] = typer.Option(None, "--backend", help="Also score every model with these engines side by side (repeatable, two or more): quantkit, transformers, vllm, llama.cpp (GGUF files only, through llama.cpp's own kernels; bash bench/llama_cpp_build.sh builds its scorer)."),
     vllm_python: Optional[str] = typer.Option(None, "--vllm-python", help="Python of vLLM's own venv (bash bench/vllm_env.sh makes one; or QUANTKIT_VLLM_PYTHON)."),
     backend_tolerance: float = typer.Option(0.005, "--backend-tolerance", help="Flag a backend whose perplexity departs from the backends' median by more than this (0.005 = 0.5%)."),
     backend_windows: int = typer.Option(8, "--backend-windows", help="Windows the backend comparison scores."),
@@ -37,6 +37,8 @@ def eval_(
     Example: quantkit eval ./model w4=./model-w4 --data wikitext2 --tasks calibration/tasks/eval_tasks.jsonl -o report --gate max_kl_p99=0.5
 
     Engines side by side: quantkit eval ./model w4=./model-w4 --data wikitext2 --dtype float16 --backend quantkit --backend transformers --backend vllm --vllm-python .venv-vllm/bin/python
+
+    GGUF files through llama.cpp's kernels: quantkit eval q8=model-q8_0.gguf q4=model-q4_k_m.gguf --data wikitext2 --backend quantkit --backend llama.cpp
     """
     from ..errors import UserError
     from ..evaluate import parse_gates, run_eval

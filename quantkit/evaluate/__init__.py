@@ -17,7 +17,7 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
     """Evaluate BASE and each VARIANT (folders, 'LABEL=folder', or 'embedded'); returns the report dict.
 
     `gates` ({name: bound}) adds report["gate_failures"]; `out_dir` writes report.json, report.md,
-    answers.jsonl and the plots there. `backends` (two or more of quantkit, transformers, vllm) adds
+    answers.jsonl and the plots there. `backends` (two or more of quantkit, transformers, vllm, llama.cpp) adds
     report["backends"]: every model scored by each engine (backend_report.compare_backends' options).
     """
     from . import gates as G
@@ -34,6 +34,11 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
             vllm_python((backend_options or {}).get("vllm_python_path"))
     G.validate_inputs(gates, bool(data), bool(tasks))
     specs = parse_specs(str(base), [str(v) for v in (variants or [])])
+    if backends and "llama.cpp" in backends:  # a folder, or no scorer built, fails before the long part too
+        from .llama_cpp_backend import check_models, scorer_path
+
+        check_models(specs)
+        scorer_path()
     tok = load_tokenizer(specs)
     inputs = _inputs(tok, data, tasks, seq_len, stride, max_windows, text_field)
     settings = {"data": str(data) if data else None, "tasks": str(tasks) if tasks else None, "seq_len": seq_len,

@@ -22,7 +22,13 @@ def check_backends(backends: list[str]) -> list[str]:
     return list(dict.fromkeys(backends))
 
 
-def _scores(backend: str, paths: list[str], windows, prompts, max_new: int, dtype: str, python) -> list[Scores]:
+def _scores(backend: str, specs, windows, prompts, max_new: int, dtype: str, python) -> list[Scores]:
+    paths = [str(s.path) for s in specs]
+    if backend == "llama.cpp":  # the GGUF file itself, in the types it stores; dtype does not apply
+        from .llama_cpp_backend import check_models, score_llama_cpp
+
+        check_models(specs)
+        return [score_llama_cpp(str(s.gguf), windows, prompts, max_new) for s in specs]
     if backend == "vllm":
         jobs = [{"model": p, "dtype": dtype, "windows": windows, "prompts": prompts, "max_new": max_new}
                 for p in paths]
@@ -38,11 +44,10 @@ def compare_backends(specs, windows, prompts, backends: list[str], *, dtype: str
     backends = check_backends(backends)
     python = vllm_python(vllm_python_path) if "vllm" in backends else None
     win = [w.tolist() if hasattr(w, "tolist") else list(w) for w in windows]
-    paths = [str(s.path) for s in specs]
     by_backend = {}
     for b in backends:
-        log(f"scoring {len(paths)} models with {b} in {dtype}")
-        by_backend[b] = _scores(b, paths, win, prompts, max_new, dtype, python)
+        log(f"scoring {len(specs)} models with {b} in " + ("their GGUF types" if b == "llama.cpp" else dtype))
+        by_backend[b] = _scores(b, specs, win, prompts, max_new, dtype, python)
     rows = []
     for i, spec in enumerate(specs):
         scores = {b: by_backend[b][i] for b in backends}

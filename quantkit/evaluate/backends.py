@@ -1,4 +1,5 @@
-"""One checkpoint scored by several engines on the same tokens: quantkit's runtime, transformers, vLLM.
+"""One checkpoint scored by several engines on the same tokens: quantkit's runtime, transformers, vLLM, and
+for a GGUF file llama.cpp (llama_cpp_backend.py).
 
 Each backend returns, per token window, the negative log-likelihood of every token after the first, and per
 prompt its greedy continuation. vLLM pins its own torch and transformers, so it runs in a venv of its own
@@ -20,7 +21,7 @@ import torch
 from ..dtypes import DTYPES
 from ..errors import UserError
 
-BACKENDS = ("quantkit", "transformers", "vllm")
+BACKENDS = ("quantkit", "transformers", "vllm", "llama.cpp")
 WORKER = Path(__file__).with_name("vllm_worker.py")
 # vLLM's CPU build quantises bfloat16 activations to int8 for 4-bit weights on AMX machines (W4A8) unless told
 # not to; a W4A16 checkpoint is then scored as something else, so the comparison switches it off and says so.
@@ -40,7 +41,7 @@ class Scores:
     error: str | None = None
     margins: list[list[float]] = field(default_factory=list)  # per prompt and step: top-1 minus top-2 log-prob
     kernels: dict = field(default_factory=dict)  # vLLM: the linear kernel it chose -> number of Linears
-
+    top1: list[list[int]] = field(default_factory=list)  # per window and position: the most likely next token
 
     @property
     def perplexity(self) -> float | None:
@@ -115,11 +116,13 @@ def score_quantkit(path: str, windows, prompts, max_new: int, dtype: str) -> Sco
 
 def _score_forward(name, logprobs_of, windows, prompts, greedy_of) -> Scores:
     """logprobs_of(ids [1, T]) -> [T-1, V] log-probabilities of each next token."""
-    nll = []
+    nll, top1 = [], []
     for w in windows:
         ids = torch.tensor([w])
-        nll.append((-logprobs_of(ids).gather(-1, ids[0, 1:, None])[:, 0]).tolist())
-    return Scores(name, True, nll, [greedy_of(p) for p in prompts])
+        logp = logprobs_of(ids)
+        nll.append((-logp.gather(-1, ids[0, 1:, None])[:, 0]).tolist())
+        top1.append(logp.argmax(-1).tolist())
+    return Scores(name, True, nll, [greedy_of(p) for p in prompts], top1=top1)
 
 
 def score_vllm(jobs: list[dict], python: str, timeout: int = 3600, no_amx: bool = False) -> list[Scores]:
