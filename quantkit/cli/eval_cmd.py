@@ -11,7 +11,7 @@ from .common import app, console, emit_json
 @app.command("eval")
 def eval_(
     base: str = typer.Argument(..., help="Baseline model folder ('LABEL=PATH' to name it; 'embedded' for SmolLM2-135M)."),
-    variants: list[str] = typer.Argument(..., help="Variant checkpoint folders, each PATH or LABEL=PATH."),
+    variants: Optional[list[str]] = typer.Argument(None, help="Variant checkpoint folders, each PATH or LABEL=PATH (none: BASE alone, with --backend)."),
     data: Optional[str] = typer.Option(None, "--data", help="Perplexity text: dataset name, .txt/.jsonl/.parquet file or saved dataset folder."),
     tasks: Optional[str] = typer.Option(None, "--tasks", help="Task set JSONL (id, task, prompt, answer), e.g. calibration/tasks/eval_tasks.jsonl."),
     output: Optional[str] = typer.Option(None, "-o", "--output", help="Folder for report.json, report.md, answers.jsonl and the plots."),
@@ -38,7 +38,7 @@ def eval_(
 
     Engines side by side: quantkit eval ./model w4=./model-w4 --data wikitext2 --dtype float16 --backend quantkit --backend transformers --backend vllm --vllm-python .venv-vllm/bin/python
 
-    GGUF files through llama.cpp's kernels: quantkit eval q8=model-q8_0.gguf q4=model-q4_k_m.gguf --data wikitext2 --backend quantkit --backend llama.cpp
+    One GGUF file through llama.cpp's kernels and quantkit's decode: quantkit eval model-q4_k_m.gguf --data wikitext2 --dtype float32 --backend quantkit --backend llama.cpp
     """
     from ..errors import UserError
     from ..evaluate import parse_gates, run_eval

@@ -21,6 +21,7 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
     report["backends"]: every model scored by each engine (backend_report.compare_backends' options).
     """
     from . import gates as G
+    from ..errors import UserError
     from .models import load_tokenizer, parse_specs
 
     gates = dict(gates or {})
@@ -33,6 +34,9 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
         if "vllm" in backends:
             vllm_python((backend_options or {}).get("vllm_python_path"))
     G.validate_inputs(gates, bool(data), bool(tasks))
+    if not variants and not backends:
+        raise UserError("give at least one VARIANT to compare with BASE (e.g. quantkit eval ./model ./model-w4), "
+                        "or --backend twice to score BASE alone with two engines")
     specs = parse_specs(str(base), [str(v) for v in (variants or [])])
     if backends and "llama.cpp" in backends:  # a folder, or no scorer built, fails before the long part too
         from .llama_cpp_backend import check_models, scorer_path

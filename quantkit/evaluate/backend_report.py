@@ -3,14 +3,14 @@
 Users report that one W4 checkpoint scores differently in vLLM and in transformers; this section of the report
 shows it directly. Every backend scores the same windows and greedy prompts; a backend whose perplexity departs
 from the median of the backends by more than the tolerance is flagged, and so is one whose greedy answers part
-from the first backend's before `min_agree` tokens.
+from the first backend's before `min_agree` tokens where its top two choices were not a near-tie.
 """
 from __future__ import annotations
 
 import statistics
 
 from ..errors import UserError
-from .backends import BACKENDS, Scores, greedy_agreement, score_quantkit, score_transformers, score_vllm, vllm_python
+from .backends import BACKENDS, NEAR_TIE, Scores, greedy_agreement, score_quantkit, score_transformers, score_vllm, vllm_python
 
 
 def check_backends(backends: list[str]) -> list[str]:
@@ -65,15 +65,22 @@ def _row(label, backend, s: Scores, first: Scores, median, tolerance, min_agree)
                 "flagged": True, "error": s.error}
     rel = s.perplexity / median - 1 if median else None
     agree = greedy_agreement(first, s) if first.ok else []
-    short = [a for a, g in zip(agree, first.greedy) if a < min(min_agree, len(g))]
+    margins = first.margins or [[]] * len(agree)
+    # the first backend's top-1 minus top-2 where each answer parted early (None: it did not, or no margins)
+    parting = [m[a] if a < min(min_agree, len(g)) and a < len(m) else None
+               for a, g, m in zip(agree, first.greedy, margins)]
+    # an early parting at a near-tie is rounding flipping a coin, not a wrong engine (backends.NEAR_TIE)
+    short = [a for a, g, p in zip(agree, first.greedy, parting)
+             if a < min(min_agree, len(g)) and (p is None or p >= NEAR_TIE)]
     return {"model": label, "backend": backend, "ppl": s.perplexity, "vs_median": rel, "greedy_agree": agree,
-            "flagged": (rel is not None and abs(rel) > tolerance) or bool(short), "error": None}
+            "parting_margin": parting, "flagged": (rel is not None and abs(rel) > tolerance) or bool(short),
+            "error": None}
 
 
 def markdown(section: dict) -> str:
     lines = [f"## Backends ({section['dtype']}; flagged: perplexity more than {100 * section['tolerance']:.2g}% "
              f"from the backends' median, or greedy tokens parting from {section['backends'][0]}'s before "
-             f"{section['min_agree']})", "",
+             f"{section['min_agree']} where its top two were more than {NEAR_TIE} nats apart)", "",
              "| model | backend | perplexity | vs median | greedy tokens equal | flag |", "|---|---|---:|---:|---|---|"]
     for r in section["rows"]:
         if r["error"]:

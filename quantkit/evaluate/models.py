@@ -39,8 +39,6 @@ def parse_spec(spec: str) -> ModelSpec:
 
 
 def parse_specs(base: str, variants: list[str]) -> list[ModelSpec]:
-    if not variants:
-        raise UserError("give at least one VARIANT to compare with BASE, e.g. quantkit eval ./model ./model-w4")
     specs = [parse_spec(str(s)) for s in [base, *variants]]
     labels = [s.label for s in specs]
     dup = sorted({x for x in labels if labels.count(x) > 1})
