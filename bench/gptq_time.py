@@ -48,4 +48,6 @@ def run(rows: list[dict], quick: bool) -> dict:
             r["cpu_vs_llm_compressor"] = r["quantise_cpu_s"] / ref
     setup.update(eval=Path(setup["eval"]).name, windows=len(windows))
     return {"setup": setup, "rows": out,
-            "note": "Goal (issue 41, requirement 5): quantkit's default GPTQ at most 0.5x llm-compressor's CPU time."}
+            "note": "Goal (issue 41, requirement 5): quantkit's default GPTQ at most 0.5x llm-compressor's CPU time. "
+                    "Where the time goes, and why the goal is not met: benchmarks-history.md, \"GPTQ's time beside "
+                    "llm-compressor's\"."}
