@@ -72,7 +72,7 @@ def _instrument(timer: _Timer) -> None:
     from quantkit.pipeline import sequential, stream
 
     capture = sequential.capture  # whichever module the pipeline feeds layers through
-    from quantkit.solvers.gptq import GPTQSolver
+    from quantkit.solvers.gptq_solver import GPTQSolver
 
     load = stream.LayerStream.load
 

@@ -59,7 +59,7 @@ def solver_for(method: str, scheme: Scheme) -> type[LinearSolver]:
         # fp8-dynamic weights by rounding need no calibration; static input scales do
         return FP8Solver if scheme.activations == "static" else FP8DynamicSolver
     if method in ("gptq", "awq+gptq"):
-        from .solvers.gptq import GPTQSolver
+        from .solvers.gptq_solver import GPTQSolver
 
         return GPTQSolver
     from .solvers.rtn import RTNSolver
@@ -87,7 +87,7 @@ class Plan:
     method_reason: str | None = None  # why `--method auto` became `method` (auto_method.py); None when given
 
     def make_solver(self, name: str, weight: torch.Tensor, method: str | None = None) -> LinearSolver:
-        from .solvers.gptq import GPTQSolver
+        from .solvers.gptq_solver import GPTQSolver
 
         scheme = self.schemes[name]
         cls = solver_for(method or self.method, scheme)

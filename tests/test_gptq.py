@@ -12,7 +12,8 @@ from quantkit.errors import UserError
 from quantkit.formats.pack import pack_int32
 from quantkit.kernels import reference
 from quantkit.schemes import Scheme
-from quantkit.solvers.gptq import GPTQSolver, gptq_quantize
+from quantkit.solvers.gptq import gptq_quantize
+from quantkit.solvers.gptq_solver import GPTQSolver
 from quantkit.solvers.gptq_options import GPTQOptions
 from quantkit.solvers.rtn import rtn_quantize
 

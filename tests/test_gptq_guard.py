@@ -8,7 +8,8 @@ from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
 from quantkit.schemes import Scheme
 from quantkit.solvers.base import SolveOptions
-from quantkit.solvers.gptq import GPTQSolver, gptq_quantize
+from quantkit.solvers.gptq import gptq_quantize
+from quantkit.solvers.gptq_solver import GPTQSolver
 from quantkit.solvers.gptq_options import GPTQOptions
 from quantkit.solvers.gptq_guard import choose
 from quantkit.solvers.rtn import rtn_quantize

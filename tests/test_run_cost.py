@@ -17,7 +17,7 @@ from quantkit import distributed
 from quantkit.evaluate import run_cost
 from quantkit.evaluate.estimate import shape_from_config
 from quantkit.schemes import get_scheme
-from quantkit.solvers.gptq import GPTQSolver
+from quantkit.solvers.gptq_solver import GPTQSolver
 
 # A llama small enough to run in seconds, large enough that its tensors, not Python's, set the peak and the time
 CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256, "intermediate_size": 768,

@@ -12,7 +12,7 @@ from test_awq import tiny_model
 from quantkit.pipeline import quantize_model
 from quantkit.plan import build_plan
 from quantkit.recipe import Recipe
-from quantkit.solvers.gptq import GPTQSolver
+from quantkit.solvers.gptq_solver import GPTQSolver
 
 
 def _samples(n=5, length=24):

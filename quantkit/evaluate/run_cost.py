@@ -123,7 +123,7 @@ def layer_time(s: Shape, method: str, samples: int, seq_len: int, ranks: int, c:
         in2 = sum(lin.inp ** 2 for lin in lins)
         t["calibration"] = tokens * (c["forward_s"] * layer_params(s) * forward_passes(s) + c["hessian_s"] * in2)
         copies = 2 if holdout else 1
-        # the Hessians are summed in float64 (solvers/gptq.py), so each travels as 8 in^2 bytes
+        # the Hessians are summed in float64 (solvers/gptq_solver.py), so each travels as 8 in^2 bytes
         t["allreduce"] = _ring(8 * in2 * copies, ranks, len(lins) * copies, bandwidth)
     else:  # round-to-nearest reads no activations
         t["calibration"] = 0.0
@@ -156,7 +156,7 @@ def peak_bytes(s: Shape, method: str, samples: int, seq_len: int, ranks: int = 1
     if method == "gptq":
         per_stage: dict[int, int] = {}
         for lin in lins:
-            # float64 sums while calibrating (solvers/gptq.py), and the Hessians and held-out ones
+            # float64 sums while calibrating (solvers/gptq_solver.py), and the Hessians and held-out ones
             per_stage[lin.stage] = per_stage.get(lin.stage, 0) + 8 * lin.inp ** 2 * (2 if holdout else 1)
         # the solve's own float32 work: inverse Cholesky factor and a copy of the weight and its errors
         work = max(4 * (2 * lin.inp ** 2 + 3 * lin.out * lin.inp) for lin in lins)

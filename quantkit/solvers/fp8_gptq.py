@@ -14,7 +14,7 @@ from ..qweight import QWeight
 from ..schemes import Scheme
 from .base import SolveOptions
 from .fp8_input_scale import InputScale
-from .gptq import GPTQSolver
+from .gptq_solver import GPTQSolver
 from .gptq_options import GPTQOptions
 
 

@@ -1,5 +1,5 @@
 """GPTQ's knobs (recipe quant.gptq) and their defaults, written here only: the recipe schema embeds this model
-and GPTQSolver (gptq.py) reads it. Kept apart from the solver so reading a recipe never imports torch."""
+and GPTQSolver (gptq_solver.py) reads it. Kept apart from the solver so reading a recipe never imports torch."""
 from __future__ import annotations
 
 from typing import Literal
