@@ -38,7 +38,7 @@ def eval_(
 
     Engines side by side: quantkit eval ./model w4=./model-w4 --data wikitext2 --dtype float16 --backend quantkit --backend transformers --backend vllm --vllm-python .venv-vllm/bin/python
 
-    One GGUF file through llama.cpp's kernels and quantkit's decode: quantkit eval model-q4_k_m.gguf --data wikitext2 --dtype float32 --backend quantkit --backend llama.cpp
+    One GGUF file through llama.cpp's kernels and quantkit's decode: quantkit eval model-q4_k_m.gguf --data wikitext2 --backend quantkit --backend llama.cpp
     """
     from ..errors import UserError
     from ..evaluate import parse_gates, run_eval

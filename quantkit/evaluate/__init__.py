@@ -65,13 +65,14 @@ def run_eval(base, variants, data=None, tasks=None, out_dir=None, seq_len=512, m
 
 def _backends(specs, inputs: dict, backends, options: dict, dtype, log) -> dict:
     """The backend section scores at most `windows` windows (8) and the task prompts, or the start of the
-    first two windows when there are no tasks, in --dtype (float16 by default: vLLM's CPU W4 kernels have
-    no float32)."""
+    first two windows when there are no tasks, in --dtype; by default float16 when vLLM is among the backends
+    (its CPU W4 kernels have no float32), else float32 (llama.cpp computes in float32 from its blocks)."""
     from .backend_report import compare_backends
 
     windows = inputs["windows"][:options.pop("windows", 8)]
     prompts = [list(p) for p in inputs["prompts"]][:8] or [w[:32].tolist() for w in windows[:2]]
-    return compare_backends(specs, windows, prompts, backends, dtype=dtype or "float16",
+    dtype = dtype or ("float16" if "vllm" in backends else "float32")
+    return compare_backends(specs, windows, prompts, backends, dtype=dtype,
                             log=log or (lambda msg: None), **options)
 
 
