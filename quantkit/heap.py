@@ -8,6 +8,10 @@ layer by layer, RSS grew by ~3.5 bytes per parameter instead of the 1 byte its k
 threshold instead (mallopt) cannot be undone, and a pinned run was either slower (1 MiB: AWQ's searches 60%
 slower) or held more at its end (4 MiB: 559 MiB; 16 MiB: 1,112 MiB above a warmed process, SmolLM2 default
 under --max-memory cpu=448MiB, 8 x 128 tokens, RssAnon read every millisecond; 2-core Intel Xeon, 2026-12-04).
+Pinned at glibc's own 128 KiB the solving stage of that run peaked at 307 MiB, but the run took 135-138 s
+against 70-77 s (2-core AMD EPYC, 2026-12-05). So the heap is trimmed where a layer's temporaries have just
+been freed: per streamed layer, after each calibration pass (capture/layer.py) and after each of AWQ's searches;
+the solving stage then peaked at 371 MiB against 395-444 MiB with trims per layer only, in 70 s.
 """
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .. import heap
 from ..distributed import Pool
 from ..errors import UserError
 from . import holdout
@@ -69,6 +70,7 @@ def run_layer(layer: nn.Module, inputs: LayerInputs) -> list[torch.Tensor]:
         for h, kw in zip(inputs.hidden, inputs.kwargs):
             o = layer(h, **kw)
             outs.append((o[0] if isinstance(o, (tuple, list)) else o).detach())
+    heap.trim()
     return outs
 
 
@@ -164,6 +166,7 @@ def feed_group(layer: nn.Module, group: list[nn.Module], inputs: LayerInputs,
     finally:
         for hd in handles:
             hd.remove()
+    heap.trim()  # a pass's freed temporaries, before the solve or the next pass (heap.py)
 
 
 def check_finite(tensors: list[torch.Tensor], where: str) -> None:

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..capture.holdout import HOLDOUT
 from ..capture.layer import feed_group, split_inputs
+from .. import heap
 from ..errors import UserError
 from ..schemes import Scheme, scale_dtype_for
 from .awq_clip import GramAccumulator, apply_clip, decorrelation, group_width, search_clip
@@ -121,8 +122,10 @@ class AWQTransform(LayerTransform):
         search, hold = split_inputs(inputs, self.holdout)
         for group in self.arch.groups:
             self._scale(layer, group, search, hold, by_rel, stats)
+            heap.trim()  # each search's freed temporaries, before the next piles on them (heap.py)
         if self.clip:
             self._clip(layer, search, hold, by_rel, stats)
+            heap.trim()
         return {"stats": stats, "tensors": {}}
 
     # ---------------------------------------------------------------------------------------------------------
@@ -151,6 +154,7 @@ class AWQTransform(LayerTransform):
                 stats.setdefault(n, {}).update({self.STAT_ALPHA: None, "awq_note": "no calibration tokens"})
             return
         alpha, s, err, base = self._search(block, group, linears, quantised, data)
+        heap.trim()
         guard = None
         if alpha is not None and hold is not None:
             guard = scale_guard(layer, block, group, linears, quantised, hold, s,
