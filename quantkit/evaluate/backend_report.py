@@ -25,10 +25,11 @@ def check_backends(backends: list[str]) -> list[str]:
 def _scores(backend: str, specs, windows, prompts, max_new: int, dtype: str, python) -> list[Scores]:
     paths = [str(s.path) for s in specs]
     if backend == "llama.cpp":  # the GGUF file itself, in the types it stores; dtype does not apply
-        from .llama_cpp_backend import check_models, score_llama_cpp
+        from .llama_cpp_backend import check_models, score_llama_cpp, scorer_path
 
         check_models(specs)
-        return [score_llama_cpp(str(s.gguf), windows, prompts, max_new) for s in specs]
+        scorer = scorer_path()  # once: finding it runs the build script's --find
+        return [score_llama_cpp(str(s.gguf), windows, prompts, max_new, scorer=scorer) for s in specs]
     if backend == "vllm":
         jobs = [{"model": p, "dtype": dtype, "windows": windows, "prompts": prompts, "max_new": max_new}
                 for p in paths]
