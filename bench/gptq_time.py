@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from .peers import llmcompressor_rows
 from .quality import SETUP as QUALITY_SETUP
-from .quality import W4G64, measure, tokens
+from .quality import W4G64, measure, prepare
 
 GPTQ = {**W4G64, "quant.method": "gptq"}
 ROWS = [
@@ -29,10 +27,7 @@ QUICK = {"samples": 8, "max_windows": 2}
 
 def run(rows: list[dict], quick: bool) -> dict:
     setup = {**SETUP, **(QUICK if quick else {})}
-    torch.set_num_threads(setup["threads"])
-    if rows[0]["name"] != "float":  # agreement is counted against the float model's tokens
-        rows = [ROWS[0], *rows]
-    calib, windows = tokens(setup)
+    rows, calib, windows = prepare(setup, rows)
     out = measure(setup["model"], [r for r in rows if "set" in r], calib, windows)
     peers = [r for r in rows if "llmc" in r]
     if peers:

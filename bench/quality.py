@@ -79,11 +79,17 @@ def measure(model_path: str, rows: list[dict], calib, windows) -> list[dict]:
     return out
 
 
+def prepare(setup: dict, rows: list[dict]):
+    """(rows with the float row first, calibration samples, evaluation windows) for SETUP, its threads set:
+    agreement is counted against the float model's tokens."""
+    torch.set_num_threads(setup["threads"])
+    if rows[0]["name"] != ROWS[0]["name"]:
+        rows = [ROWS[0], *rows]
+    return (rows, *tokens(setup))
+
+
 def run(rows: list[dict], quick: bool) -> dict:
     setup = {**SETUP, **(QUICK if quick else {})}
-    torch.set_num_threads(setup["threads"])
-    if rows[0]["set"]:  # agreement is counted against the float model's tokens
-        rows = [ROWS[0], *rows]
-    calib, windows = tokens(setup)
+    rows, calib, windows = prepare(setup, rows)
     setup.update(eval=Path(setup["eval"]).name, windows=len(windows))
     return {"setup": setup, "rows": measure(setup["model"], rows, calib, windows)}
