@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import sys
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -21,6 +22,11 @@ import torch
 import torch.distributed as dist
 
 from .errors import UserError
+
+
+# Set by the `quantkit` command: the process ends with os._exit once its run is over (see exit_process), so a
+# successful run need not tear the process group down at all.
+_EXITS_HARD = False
 
 
 def init_from_env(device: str) -> None:
@@ -155,24 +161,53 @@ def agree(ok: bool) -> bool:
 
 @contextmanager
 def peer_failures():
-    """A collective that fails because another rank stopped becomes one line (torchrun names that rank); the
-    process group is left on every way out, so no transport thread outlives it and aborts the process before
-    its message is printed."""
+    """A collective that fails because another rank stopped becomes one line (torchrun names that rank); on a
+    failure the process group is left before the line is printed, so no transport thread outlives it and aborts
+    the process first. A success leaves it too, unless the process ends by exit_process."""
     try:
-        yield
-    except RuntimeError as e:
-        if not active() or not (isinstance(e, dist.DistError) or "closed by peer" in str(e)
-                                or "Connection reset" in str(e)):
-            raise
-        raise UserError(f"process {rank()} of {world()}: another process of this run stopped "
-                        f"({str(e).splitlines()[0][:200]}); nothing was written to the output folder") from None
-    finally:
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-        if signal.getsignal(signal.SIGTERM) is _stopped:
-            # the run is over (its temporary folder already removed): a SIGTERM torchrun sends while this process
-            # prints its line and exits must not raise again inside the interpreter's shutdown (a traceback)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            yield
+        except RuntimeError as e:
+            if not active() or not (isinstance(e, dist.DistError) or "closed by peer" in str(e)
+                                    or "Connection reset" in str(e)):
+                raise
+            raise UserError(f"process {rank()} of {world()}: another process of this run stopped "
+                            f"({str(e).splitlines()[0][:200]}); nothing was written to the output folder") from None
+    except BaseException:
+        _leave(destroy=True)
+        raise
+    _leave(destroy=not _EXITS_HARD)
+
+
+def _leave(destroy: bool) -> None:
+    if destroy and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    if signal.getsignal(signal.SIGTERM) is _stopped:
+        # the run is over (its temporary folder already removed): a SIGTERM torchrun sends while this process
+        # prints its line and exits must not raise again inside the interpreter's shutdown (a traceback)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def exit_hard_when_launched() -> bool:
+    """Called by the `quantkit` command before it runs: under torchrun, True, and the process will end by
+    exit_process. A rank whose checkpoint was written and renamed into place was still seen to abort in C++
+    teardown (SIGABRT, "terminate called without an active exception": a joinable thread destroyed at exit,
+    in gloo's or the store's teardown), failing a run whose output was complete; nothing after the last
+    barrier needs that teardown."""
+    global _EXITS_HARD
+    _EXITS_HARD = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return _EXITS_HARD
+
+
+def exit_process(code: int) -> None:
+    """End this process now, without the interpreter's and the C++ libraries' shutdown (see
+    exit_hard_when_launched); what it printed is flushed first."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def barrier() -> None:

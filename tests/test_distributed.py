@@ -221,3 +221,28 @@ def _owners(costs, world):
 
     with mock.patch.object(distributed, "world", return_value=world):
         return distributed.owners(costs)
+
+
+@pytest.mark.parametrize("argv, code", [(["quantkit", "--help"], 0),
+                                        (["quantkit", "quantize", "/nonexistent/model", "-o", "/tmp/x"], 2)])
+def test_under_torchrun_the_command_ends_without_teardown_and_keeps_its_exit_code(monkeypatch, argv, code):
+    """A rank whose run was over was seen to abort in C++ teardown at exit (SIGABRT), failing a run whose
+    checkpoint was complete; under torchrun the command ends by os._exit with the code the run earned."""
+    from quantkit import cli
+
+    ended = []
+
+    class Ended(Exception):
+        pass
+
+    def record(c):
+        ended.append(c)
+        raise Ended
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(distributed, "exit_process", record)
+    monkeypatch.setattr(distributed, "_EXITS_HARD", False)
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(Ended):
+        cli.main()
+    assert ended == [code] and distributed._EXITS_HARD

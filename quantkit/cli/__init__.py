@@ -5,6 +5,7 @@ and exit code 2, so scripts can tell bad input from a crash.
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from .common import app  # noqa: F401  (the typer app every command registers on)
@@ -17,7 +18,6 @@ def _register() -> None:
 
 def _quiet_libraries() -> None:
     """transformers' load reports and download bars would bury our one-line errors and our own progress."""
-    import os
 
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -32,8 +32,24 @@ def main() -> None:
 
     _quiet_libraries()
     _register()
+    hard = False
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # torchrun started this process
+        from .. import distributed
+
+        hard = distributed.exit_hard_when_launched()
     try:
         app()
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_code)
+        code = e.exit_code
+    except SystemExit as e:
+        if not hard:
+            raise
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    else:
+        code = 0
+    if hard:  # under torchrun: no C++ teardown after the run (distributed.exit_hard_when_launched says why)
+        distributed.exit_process(code)
+    sys.exit(code)
