@@ -107,6 +107,10 @@ def test_cache_hit_miss_and_keys(tmp_path):
                    {"isa": ["avx2", "avx512f"]}, {"capability": "AVX512"}):
         c3, calls3 = chooser(tmp_path, {"a": 1.0, "b": 10.0}, {**FIELDS, **change})
         assert c3.pick("w4 64x64", "m", [cand("a"), cand("b")], X, truth).source == "measured", change
+    # a choice made among fewer candidates (a path unavailable then) is measured again when more are offered
+    c5, calls5 = chooser(tmp_path, {"a": 30.0, "b": 10.0, "c": 5.0})
+    more = c5.pick("w4 64x64", "m", [cand("a"), cand("b"), cand("c")], X, truth)
+    assert (more.path, more.source) == ("c", "measured") and "c" in calls5
     # a cached path that now gives wrong numbers is measured again and refused
     c4, _ = chooser(tmp_path, {"a": 30.0, "b": 10.0})
     redo = c4.pick("w4 64x64", "m", [cand("a"), cand("b", scale=1.1)], X, truth)

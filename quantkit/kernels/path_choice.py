@@ -219,7 +219,10 @@ class Chooser:
         truths = [truth(x) for x in inputs]
         cached = self.cache.get(key)
         by_name = {c.name: c for c in candidates}
-        if cached and cached["path"] in by_name and self._wrong(by_name[cached["path"]], inputs, truths) is None:
+        # a choice holds for the candidates it was measured among: one made while a path was unavailable (float16
+        # weights turned off, say) must not keep that path from being timed once it is offered
+        among = set((cached or {}).get("times_us") or {}) | set((cached or {}).get("rejected") or {})
+        if cached and among == set(by_name) and self._wrong(by_name[cached["path"]], inputs, truths) is None:
             return Choice(key, cached["path"], dict(cached.get("times_us") or {}), dict(cached.get("rejected") or {}),
                           "cached")
         rejected, fns = {}, {}
