@@ -96,3 +96,17 @@ def test_two_compiled_models_of_the_same_shapes_keep_their_own_weights():
                 p.mul_(-1.0)
         want_c = generate(copy.deepcopy(c), ids, params).output_ids()
         assert want_c != want_a and generate(c, ids, params).output_ids() == want_c
+
+
+def test_a_decode_through_its_cache_growth_compiles_once():
+    """The KV storage grows by doubling as a sequence lengthens; the compiled step must not recompile when a
+    sequence exactly fills it (it did, ~12 s on SmolLM2 in the middle of a timed decode) or when it grows."""
+    model = tiny_llama(vocab_size=64, hidden=64, layers=2, seed=5)
+    ids = torch.randint(1, 64, (50,), generator=torch.Generator().manual_seed(6)).tolist()
+    params = SamplingParams(max_tokens=90, ignore_eos=True)  # positions 50..140: past 64 and 128
+    with single_thread(), torch.inference_mode():
+        want = generate(model, ids, params).output_ids()
+        compile_decode(model)
+        generate(model, ids[:5], SamplingParams(max_tokens=3, ignore_eos=True))  # the one compilation
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            assert generate(model, ids, params).output_ids() == want

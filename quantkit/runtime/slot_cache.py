@@ -111,11 +111,14 @@ class SlotPool:
         slots, cap = 4, 64
         while slots < rows:
             slots *= 2
-        while cap < longest:
+        # always one position more than the longest row: a step reading every stored position would slice the
+        # whole length, and a compiled step specialised on "slice shorter than storage" recompiled (~12 s on
+        # SmolLM2) the first time a sequence filled its storage exactly
+        while cap <= longest:
             cap *= 2
-        cap = max(longest, min(cap, self.max_len))  # the context limit, plus a verify's padding past it
+        cap = max(longest + 1, min(cap, self.max_len))  # the context limit, plus a verify's padding past it
         if self.k and self.k[0].dtype == dtype:
-            fit_s, fit_c = self.slots >= rows, self.capacity >= longest
+            fit_s, fit_c = self.slots >= rows, self.capacity > longest
             over_s, over_c = self.slots >= 4 * slots, self.capacity >= 4 * cap
             if fit_s and fit_c:
                 if not (over_s or over_c):
