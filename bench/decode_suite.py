@@ -11,7 +11,8 @@ from .script_suite import no_gpu, run_rows
 
 W4 = Path(__file__).resolve().parent / "out" / "demo-w4"
 ROWS = [
-    {"name": "cpu", "script": "decode.py", "args": ["--prompts", "2", "--tokens", "48", "--threads", "2", "--w4", str(W4)],
+    {"name": "cpu", "script": "decode.py",
+     "args": ["--prompts", "2", "--tokens", "48", "--threads", "2", "--compile", "--w4", str(W4)],
      "quick": ["--tokens", "16"]},
     {"name": "gpu", "script": "decode_gpu.py", "needs": no_gpu, "quick": ["--prompts", "1"]},
 ]
