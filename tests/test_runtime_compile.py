@@ -110,3 +110,31 @@ def test_a_decode_through_its_cache_growth_compiles_once():
         generate(model, ids[:5], SamplingParams(max_tokens=3, ignore_eos=True))  # the one compilation
         with torch._dynamo.config.patch(error_on_recompile=True):
             assert generate(model, ids, params).output_ids() == want
+
+
+_CAPPED_RUN = """
+import torch
+from quantkit.runtime import build
+torch.manual_seed(0)
+build._inductor_cache_per_capability()  # what compile_decode does before compiling
+f = lambda x, w: torch.nn.functional.rms_norm(x, (16,), w, 1e-6) * torch.sigmoid(x)
+x, w = torch.randn(3, 16), torch.rand(16)
+assert torch.allclose(torch.compile(f, dynamic=True)(x, w), f(x, w), atol=1e-5)
+"""
+
+
+def test_compiled_kernels_of_one_cpu_capability_are_not_loaded_under_another(tmp_path):
+    """torch's inductor cache does not key on ATEN_CPU_CAPABILITY: kernels compiled uncapped and loaded capped
+    to AVX2 gave logits off by 1e19 (the other way round corrupted the heap). One user cache, an uncapped then
+    a capped process, each compiling a norm as compile_decode would."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    for cap in (None, "avx2"):
+        p = subprocess.run([sys.executable, "-c", _CAPPED_RUN], capture_output=True, text=True, timeout=300,
+                           env={**env, **({"ATEN_CPU_CAPABILITY": cap} if cap else {})})
+        assert p.returncode == 0, (cap, p.stderr[-1500:])
+    assert len(list((tmp_path / "quantkit").glob("inductor-*"))) == 2

@@ -4,6 +4,7 @@ tokenizer, threads, compilation.
 Drafters are chosen one layer up (quantkit/drafts), since a self-draft is made by quantising."""
 from __future__ import annotations
 
+import os
 import types
 from pathlib import Path
 
@@ -47,10 +48,26 @@ def compile_decode(model):
     if PackedLinear in layer_layouts(model):
         return False
 
+    _inductor_cache_per_capability()
     compiled.set_step(model, "decode", torch.compile(model.forward, dynamic=True))  # transformers' path
     compiled.set_step(model, "slot", torch.compile(_own_copy(layers_forward, model), dynamic=True,
                                                    options={"guard_filter_fn": _fixed_model_guards}))
     return True
+
+
+def _inductor_cache_per_capability() -> None:
+    """Compiled kernels kept apart for each ATen CPU capability (ATEN_CPU_CAPABILITY caps it). torch 2.13's
+    inductor cache does not tell them apart: a process capped to AVX2 that loaded kernels compiled uncapped
+    computed logits off by 1e19, and the other way round corrupted the heap (free(): invalid pointer). A cache
+    folder the user chose (TORCHINDUCTOR_CACHE_DIR) is left as it is; torch writes its default there on first use."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
+        return
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(base) / "quantkit" / f"inductor-{capability}")
 
 
 def _own_copy(fn, model):
