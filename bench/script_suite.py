@@ -5,6 +5,7 @@ A script that cannot run here (no GPU, no peer library's venv) gives one row say
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,8 @@ def run_script(row: dict, quick: bool, timeout: int = 3600) -> tuple[list[dict],
     if need and (why := need()):
         return [{"name": row["name"], "skipped": why}], []
     cmd = [sys.executable, str(HERE / row["script"]), *row.get("args", []), *(row.get("quick", []) if quick else [])]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent)
+    env = {**os.environ, **row.get("env", {})}  # e.g. an instruction-set cap, to time another CPU kind here
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=HERE.parent, env=env)
     if proc.returncode:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])[-300:]
         return [{"name": row["name"], "error": tail}], []
@@ -56,8 +58,8 @@ def run_rows(rows: list[dict], quick: bool) -> dict:
         table, other = run_script(row, quick)
         out += table
         notes += [f"{row['name']}: {line}" for line in other]
-    setup = {r["name"]: "python bench/" + " ".join([r["script"], *r.get("args", []), *(r.get("quick", []) if quick
-                                                                                       else [])]) for r in rows}
+    setup = {r["name"]: " ".join([*(f"{k}={v}" for k, v in r.get("env", {}).items()), "python", "bench/" + r["script"],
+                                  *r.get("args", []), *(r.get("quick", []) if quick else [])]) for r in rows}
     return {"setup": setup, "rows": out, "note": "\n".join(notes)}
 
 
