@@ -1,4 +1,4 @@
-"""The GGUF export job: a Hugging Face Llama-family folder -> one .gguf file llama.cpp runs.
+"""The GGUF export job: a Hugging Face Llama-family or Qwen2 folder -> one .gguf file llama.cpp runs.
 
 Tensors are read one at a time from the folder's safetensors (no model is built), given their llama.cpp
 name and their type from the scheme's mix (formats/gguf_mix.py), rounded onto that type's grid by the
@@ -51,6 +51,8 @@ def _tensors(src: Path):
 
 def _weight(config, role: str, t: torch.Tensor) -> torch.Tensor:
     t = t.float()
+    if not gguf_writer.rotates_pairs(config):
+        return t
     if role == "attn_q":
         return gguf_writer.permute_qk(t, config.num_attention_heads)
     if role == "attn_k":
@@ -67,9 +69,9 @@ def _write_one(f, config, scheme: str, tied: bool, name: str, t: torch.Tensor, d
     if named is None:
         return None
     role, layer = named
-    key = gguf_writer.tensor_key(role, layer)
+    key = gguf_writer.tensor_key(role, layer, name)
     if t.dim() == 1:
-        f.add_float(key, t.float().numpy())
+        f.add_float(key, _weight(config, role, t).numpy())
         return "F32"
     mix_role = "output" if role == "output" or (tied and role == "token_embd") else role
     kind = gguf_mix.tensor_type(scheme, mix_role, layer, config.num_hidden_layers, t.shape[1])
@@ -124,7 +126,7 @@ def gather_hessians(model: Optional[str], calib: Optional[str], num_samples: int
 
 def _unpermute(config, role: str, w: torch.Tensor) -> torch.Tensor:
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}.get(role)
-    if heads is None:
+    if heads is None or not gguf_writer.rotates_pairs(config):
         return w
     rows = w.shape[0]
     return w.reshape(heads, rows // heads // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)

@@ -1,6 +1,10 @@
-"""A GGUF file for llama.cpp from a Hugging Face Llama-family folder: the `llama` architecture's metadata
+"""A GGUF file for llama.cpp from a Hugging Face Llama-family or Qwen2 folder: the architecture's metadata
 keys, the GPT-2-style BPE tokenizer from tokenizer.json, and tensors under llama.cpp's names, each either
-float (norms) or the bytes of a block type. The container itself is the `gguf` package's GGUFWriter."""
+float (norms, biases) or the bytes of a block type. The container itself is the `gguf` package's GGUFWriter.
+
+llama.cpp's `llama` architecture rotates adjacent pairs of each head's q/k rows (its converter interleaves
+Hugging Face's halves: permute_qk); `qwen2` rotates halves as Hugging Face does (rows as they are) and adds
+q/k/v biases."""
 from __future__ import annotations
 
 import json
@@ -11,13 +15,15 @@ import numpy as np
 
 from ..errors import UserError
 
-ARCHITECTURES = ("llama", "mistral")
+# Hugging Face model_type -> llama.cpp architecture
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2"}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _LAYER_NAMES = {
     "input_layernorm.weight": "attn_norm", "post_attention_layernorm.weight": "ffn_norm",
     "self_attn.q_proj.weight": "attn_q", "self_attn.k_proj.weight": "attn_k", "self_attn.v_proj.weight": "attn_v",
     "self_attn.o_proj.weight": "attn_output", "mlp.gate_proj.weight": "ffn_gate", "mlp.up_proj.weight": "ffn_up",
     "mlp.down_proj.weight": "ffn_down",
+    "self_attn.q_proj.bias": "attn_q", "self_attn.k_proj.bias": "attn_k", "self_attn.v_proj.bias": "attn_v",
 }
 _TOP_NAMES = {"model.embed_tokens.weight": "token_embd", "model.norm.weight": "output_norm", "lm_head.weight": "output"}
 
@@ -33,8 +39,18 @@ def gguf_name(hf_name: str) -> tuple[str, int] | None:
     return (role, -1) if role else None
 
 
-def tensor_key(role: str, layer: int) -> str:
-    return f"{role}.weight" if layer < 0 else f"blk.{layer}.{role}.weight"
+def tensor_key(role: str, layer: int, hf_name: str = "") -> str:
+    kind = "bias" if hf_name.endswith(".bias") else "weight"
+    return f"{role}.{kind}" if layer < 0 else f"blk.{layer}.{role}.{kind}"
+
+
+def arch(config) -> str:
+    return ARCHITECTURES[config.model_type]
+
+
+def rotates_pairs(config) -> bool:
+    """Whether llama.cpp's architecture wants q/k rows interleaved (permute_qk)."""
+    return arch(config) == "llama"
 
 
 def permute_qk(w, heads: int):
@@ -45,8 +61,11 @@ def permute_qk(w, heads: int):
 
 def check_config(config) -> None:
     if config.model_type not in ARCHITECTURES:
-        raise UserError(f"GGUF export writes Llama-family models ({', '.join(ARCHITECTURES)}); this model is "
+        raise UserError(f"GGUF export writes {', '.join(ARCHITECTURES)} models; this model is "
                         f"'{config.model_type}': use the default compressed-tensors format for it")
+    if getattr(config, "use_sliding_window", False):
+        raise UserError("GGUF export writes full attention only (this model uses a sliding window); use the "
+                        "compressed-tensors format for it")
     if _rope(config).get("rope_type", "default") != "default":
         raise UserError("GGUF export writes plain RoPE only (no rope scaling yet); use the compressed-tensors "
                         "format for this model")
@@ -78,8 +97,14 @@ def _metadata(w, config, file_type: int, name: str) -> None:
     w.add_quantization_version(2)
 
 
+# Qwen2's split before byte-level encoding (its tokenizer.json, verbatim), which llama.cpp knows as "qwen2"
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
 def _pre_tokenizer(tok: dict) -> str:
-    """llama.cpp's name for the pre-tokenizer: SmolLM's single digits then GPT-2 byte level, or GPT-2's own."""
+    """llama.cpp's name for the pre-tokenizer: SmolLM's single digits then GPT-2 byte level, GPT-2's own, or
+    Qwen2's split then byte level."""
     pre = tok.get("pre_tokenizer") or {}
     parts = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
     kinds = [(p.get("type"), p.get("individual_digits")) for p in parts]
@@ -87,8 +112,10 @@ def _pre_tokenizer(tok: dict) -> str:
         return "smollm"
     if kinds == [("ByteLevel", None)]:
         return "gpt-2"
-    raise UserError("GGUF export knows the GPT-2 and SmolLM byte-level pre-tokenizers only; this tokenizer.json "
-                    "has another: use the compressed-tensors format for this model")
+    if kinds == [("Split", None), ("ByteLevel", None)] and (parts[0].get("pattern") or {}).get("Regex") == _QWEN2_SPLIT:
+        return "qwen2"
+    raise UserError("GGUF export knows the GPT-2, SmolLM and Qwen2 byte-level pre-tokenizers only; this "
+                    "tokenizer.json has another: use the compressed-tensors format for this model")
 
 
 def _tokenizer(w, src: Path, config) -> None:
@@ -147,7 +174,7 @@ class GGUFFile:
         import gguf
 
         self._gguf = gguf
-        self.writer = gguf.GGUFWriter(str(path), "llama")
+        self.writer = gguf.GGUFWriter(str(path), arch(config))
         _metadata(self.writer, config, file_type, name)
         _tokenizer(self.writer, src, config)
 
