@@ -11,7 +11,7 @@ domain and on code, a domain no row calibrated on; bits per weight are the file'
 file's perplexity relative to llama.cpp's imatrix quant of the same type comes with a 95% paired bootstrap
 interval over the chunks (per-chunk NLL recovered from llama-perplexity's running values).
 The model is the embedded SmolLM2-135M (itself a Q4_1 GGUF dequantised, so every row starts from the same float
-model); a second architecture is not in the table yet (no other model ships in a package this machine installs).
+model); suite `gguf_qwen2` (bench/gguf_qwen2.py) makes the same table for a Qwen2 model.
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def _weights(gguf: Path) -> int:
     return sum(int(t.n_elements) for t in GGUFReader(str(gguf)).tensors)
 
 
-def _make(row: dict, work: Path, bin_dir: Path, f16: Path, imatrix: Path) -> Path:
+def _make(row: dict, work: Path, bin_dir: Path, f16: Path, imatrix: Path, model: str | None) -> Path:
     from quantkit.gguf_job import quantize_to_gguf
 
     scheme, variant = row["scheme"], row["variant"]
@@ -88,21 +88,25 @@ def _make(row: dict, work: Path, bin_dir: Path, f16: Path, imatrix: Path) -> Pat
         extra = ["--imatrix", str(imatrix)] if "imatrix" in variant else []
         _run([str(bin_dir / "llama-quantize"), *extra, str(f16), str(out), LLAMA_TYPES[scheme], "2"])
     elif variant.endswith(("gptq", "default")):  # the default calibrates on the text llama-imatrix reads
-        quantize_to_gguf(None, str(out), scheme, method="gptq" if variant.endswith("gptq") else None,
+        quantize_to_gguf(model, str(out), scheme, method="gptq" if variant.endswith("gptq") else None,
                          overwrite=True, calib=str(CALIB), num_samples=CALIB_SAMPLES, seq_len=CTX)
     else:
-        quantize_to_gguf(None, str(out), scheme, method="rtn", overwrite=True)
+        quantize_to_gguf(model, str(out), scheme, method="rtn", overwrite=True)
     return out
 
 
 def run(rows: list[dict], quick: bool) -> dict:
+    return run_model(rows, quick, None, "SmolLM2-135M (embedded)", HERE / "out" / "gguf")
+
+
+def run_model(rows: list[dict], quick: bool, model: str | None, model_label: str, work: Path) -> dict:
+    """The table for MODEL (a float Hugging Face folder; None: the embedded SmolLM2), files made under WORK."""
     from quantkit.gguf_job import quantize_to_gguf
 
     bin_dir = Path(_run(["bash", str(HERE / "llama_cpp_build.sh")], timeout=7200).strip().splitlines()[-1])
-    work = HERE / "out" / "gguf"
     work.mkdir(parents=True, exist_ok=True)
     f16 = work / "f16.gguf"
-    quantize_to_gguf(None, str(f16), "f16", overwrite=True)
+    quantize_to_gguf(model, str(f16), "f16", overwrite=True)
     imatrix = work / "imatrix.gguf"
     _run([str(bin_dir / "llama-imatrix"), "-m", str(f16), "-f", str(CALIB), "-o", str(imatrix), "-c", str(CTX),
           "--chunks", str(CALIB_SAMPLES), "-t", "2"])
@@ -110,7 +114,7 @@ def run(rows: list[dict], quick: bool) -> dict:
     texts = dict(list(TEXTS.items())[:1]) if quick else TEXTS
     out, chunks = [], {}
     for row in rows:
-        path = f16 if row["name"] == "float16" else _make(row, work, bin_dir, f16, imatrix)
+        path = f16 if row["name"] == "float16" else _make(row, work, bin_dir, f16, imatrix, model)
         size = path.stat().st_size
         scored = {label: _perplexity(bin_dir, path, text) for label, text in texts.items()}
         chunks[row["name"]] = {label: c for label, (_, c) in scored.items()}
@@ -123,7 +127,7 @@ def run(rows: list[dict], quick: bool) -> dict:
         for label in texts:
             r[f"vs llama imatrix, {label.split()[1]} (95%)"] = _versus(paired_ratio(chunks[r["name"]][label],
                                                                                    ref[label]))
-    return {"setup": {"model": "SmolLM2-135M (embedded)", "calibration": f"{CALIB.relative_to(ROOT)}, "
+    return {"setup": {"model": model_label, "calibration": f"{CALIB.relative_to(ROOT)}, "
                       f"{CALIB_SAMPLES} x {CTX} tokens (imatrix chunks and gptq samples)",
                       "scoring": f"llama-perplexity -c {CTX}, llama.cpp {bin_dir.parent.parent.name}",
                       "texts": ", ".join(str(p.relative_to(ROOT)) for p in texts.values())},

@@ -26,6 +26,7 @@ SUITES = {
     "scaling": "bench.scaling_suite",
     "serve_split": "bench.serve_split",
     "gguf": "bench.gguf",
+    "gguf_qwen2": "bench.gguf_qwen2",
     "capped_default": "bench.capped_default",
     "gptq_time": "bench.gptq_time",
 }
