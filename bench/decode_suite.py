@@ -15,7 +15,8 @@ ROWS = [
      "args": ["--prompts", "2", "--tokens", "48", "--threads", "2", "--compile", "--w4", str(W4)],
      "quick": ["--tokens", "16"]},
     # the same CPU run as one without AVX-512 and AMX (an AVX2 machine): what torch's kernels do there
-    {"name": "cpu avx2 cap", "script": "decode.py", "env": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    {"name": "cpu avx2 cap", "script": "decode.py",
+     "env": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
      "args": ["--prompts", "2", "--tokens", "48", "--threads", "2", "--compile", "--no-transformers", "--w4", str(W4)],
      "quick": ["--tokens", "16"]},
     {"name": "gpu", "script": "decode_gpu.py", "needs": no_gpu, "quick": ["--prompts", "1"]},

@@ -190,10 +190,9 @@ def _leave(destroy: bool) -> None:
 
 def exit_hard_when_launched() -> bool:
     """Called by the `quantkit` command before it runs: under torchrun, True, and the process will end by
-    exit_process. A rank whose checkpoint was written and renamed into place was still seen to abort in C++
-    teardown (SIGABRT, "terminate called without an active exception": a joinable thread destroyed at exit,
-    in gloo's or the store's teardown), failing a run whose output was complete; nothing after the last
-    barrier needs that teardown."""
+    exit_process. CI saw a rank abort with SIGABRT ("terminate called without an active exception", the mark of
+    a joinable C++ thread destroyed at exit, as in gloo's or the store's teardown), failing the run; nothing
+    after the last barrier needs that teardown, so it is skipped."""
     global _EXITS_HARD
     _EXITS_HARD = int(os.environ.get("WORLD_SIZE", "1")) > 1
     return _EXITS_HARD

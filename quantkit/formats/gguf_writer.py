@@ -112,7 +112,8 @@ def _pre_tokenizer(tok: dict) -> str:
         return "smollm"
     if kinds == [("ByteLevel", None)]:
         return "gpt-2"
-    if kinds == [("Split", None), ("ByteLevel", None)] and (parts[0].get("pattern") or {}).get("Regex") == _QWEN2_SPLIT:
+    split = (parts[0].get("pattern") or {}).get("Regex")
+    if kinds == [("Split", None), ("ByteLevel", None)] and split == _QWEN2_SPLIT:
         return "qwen2"
     raise UserError("GGUF export knows the GPT-2, SmolLM and Qwen2 byte-level pre-tokenizers only; this "
                     "tokenizer.json has another: use the compressed-tensors format for this model")
