@@ -134,6 +134,8 @@ def test_machine_fields_and_cache_folder(monkeypatch, tmp_path):
     assert path_choice.cache_path() == tmp_path / "quantkit" / "kernel_choice.json"
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert path_choice.cache_path() == Path.home() / ".cache" / "quantkit" / "kernel_choice.json"
+    for cap in path_choice.ENV_CAPS:  # the suite may itself run under a cap (ATEN_CPU_CAPABILITY=avx2 ...)
+        monkeypatch.delenv(cap, raising=False)
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     f = path_choice.machine()
     assert f["caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"} and f["torch"] == torch.__version__
