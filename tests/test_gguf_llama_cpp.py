@@ -268,6 +268,7 @@ def test_a_qwen2_export_scores_in_llama_cpp_as_the_float_model(llama_bin, float_
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     from quantkit.evaluate.llama_cpp_backend import score_llama_cpp
+    from quantkit.evaluate.perplexity import nll
     from quantkit.gguf_job import quantize_to_gguf
 
     _, tok = float_model
@@ -295,7 +296,7 @@ def test_a_qwen2_export_scores_in_llama_cpp_as_the_float_model(llama_bin, float_
     with torch.no_grad():
         for w in windows:
             logp = torch.log_softmax(model(torch.tensor([w])).logits[0].double(), -1)
-            ours.append((-logp[:-1].gather(-1, torch.tensor(w[1:]).unsqueeze(-1))).squeeze(-1).tolist())
+            ours.append(nll(logp[:-1], torch.tensor(w[1:])).tolist())
     a, b = [x for w in ours for x in w], [x for w in theirs.nll for x in w]
     assert len(a) == len(b)
     assert sum(abs(x - y) for x, y in zip(a, b)) / len(a) < 0.2

@@ -131,7 +131,8 @@ def test_compiled_kernels_of_one_cpu_capability_are_not_loaded_under_another(tmp
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TORCHINDUCTOR_CACHE_DIR", "ATEN_CPU_CAPABILITY", "QUANTKIT_CACHE")}
     env["XDG_CACHE_HOME"] = str(tmp_path)
     for cap in (None, "avx2"):
         p = subprocess.run([sys.executable, "-c", _CAPPED_RUN], capture_output=True, text=True, timeout=300,

@@ -221,7 +221,7 @@ class Chooser:
         by_name = {c.name: c for c in candidates}
         # a choice holds for the candidates it was measured among: one made while a path was unavailable (float16
         # weights turned off, say) must not keep that path from being timed once it is offered
-        among = set((cached or {}).get("times_us") or {}) | set((cached or {}).get("rejected") or {})
+        among = set(cached.get("times_us") or {}) | set(cached.get("rejected") or {}) if cached else set()
         if cached and among == set(by_name) and self._wrong(by_name[cached["path"]], inputs, truths) is None:
             return Choice(key, cached["path"], dict(cached.get("times_us") or {}), dict(cached.get("rejected") or {}),
                           "cached")

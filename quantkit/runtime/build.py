@@ -62,12 +62,13 @@ def _inductor_cache_per_capability() -> None:
     folder the user chose (TORCHINDUCTOR_CACHE_DIR) is left as it is; torch writes its default there on first use."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
+    from ..models.gguf_float import cache_root
+
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
         return
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     capability = torch.backends.cpu.get_cpu_capability().lower()
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(Path(base) / "quantkit" / f"inductor-{capability}")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_root() / f"inductor-{capability}")
 
 
 def _own_copy(fn, model):
