@@ -126,7 +126,9 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
     from .formats.writer import write_checkpoint
     from .models.hf import read_config, resolve_dtype
     from .models.lazy import meta_tensors
+    from .capture.spill import Spill
     from .pipeline import quantize_model
+    from .pipeline.sampling_copy import cap_bytes
 
     t0, start_anon = time.time(), proc_kib("/proc/self/status", "RssAnon")
     config = read_config(folder)
@@ -138,9 +140,10 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
                                   else (None, None))
     if calib is not None:  # data-parallel: this process calibrates on its share of the samples
         calib = distributed.shard(calib)
-    with _code_spool(claim, recipe, weights is not None) as spool:
+    with _scratch(claim) as scratch, _code_spool(scratch, claim, recipe, weights is not None) as spool:
         result = quantize_model(model, plan, calib, progress=progress, device=recipe.device, weights=weights,
-                                keep=spool.keep if spool is not None else None)
+                                keep=spool.keep if spool is not None else None,
+                                spill=Spill(scratch / "activations", cap_bytes(recipe.max_memory, recipe.device)))
         dropped = {f"{n}.weight" for n in result.qweights}
         stray = [k for k in meta_tensors(model) if k not in dropped]
         if stray:  # a bug, not bad input: the writer would save empty tensors
@@ -157,24 +160,38 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
             "scheme": recipe.quant.scheme, "group_size": plan.group_size,
             "mean_weight_rel_error": sum(errs) / len(errs) if errs else None,
             "seconds": round(time.time() - t0, 2), "calibration": calib_meta,
-            "loading": "layer by layer" if weights is not None else "whole model",
+            "loading": "layer by layer" if weights is not None else "whole model", "activations": result.activations,
             "float_weights": len(plan.uncovered), "moe": _moe_line(meta.get("moe"))}
 
 
-def _code_spool(claim, recipe: Recipe, streamed: bool):
-    """Where a streamed run keeps its solved codes until the write (formats/code_spool.py): the claim's own
-    temporary folder beside OUT, which a killed run's successor clears; the system's temp folder on a rank that
-    does not write. A whole-model run holds the float model anyway, and keeps its codes in memory."""
+def _scratch(claim):
+    """The run's own temporary folder, removed when it ends: the claim's (beside OUT, which a killed run's
+    successor clears), or the system's temp folder on a rank that does not write."""
     import contextlib
+    import shutil
     import tempfile
+
+    @contextlib.contextmanager
+    def folder():
+        path = claim.temporary() if claim is not None else Path(tempfile.mkdtemp(prefix=".quantkit-scratch-"))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+    return folder()
+
+
+def _code_spool(scratch: Path, claim, recipe: Recipe, streamed: bool):
+    """Where a streamed run keeps its solved codes until the write (formats/code_spool.py), in the run's scratch
+    folder. A whole-model run holds the float model anyway, and keeps its codes in memory."""
+    import contextlib
 
     from .formats.code_spool import CodeSpool
 
     if not streamed:
         return contextlib.nullcontext()
-    if claim is None:
-        return CodeSpool(Path(tempfile.mkdtemp(prefix=".quantkit-codes-")), Path(recipe.output))
-    return CodeSpool(claim.temporary(), claim.out)
+    (scratch / "codes").mkdir()
+    return CodeSpool(scratch / "codes", claim.out if claim is not None else Path(recipe.output))
 
 
 def _moe_line(moe: dict | None) -> dict | None:

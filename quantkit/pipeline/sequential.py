@@ -19,6 +19,7 @@ from ..plan import Plan
 from ..qweight import QWeight
 from ..capture import holdout
 from ..capture import layer as capture
+from ..capture import spill as spilling
 from ..solvers.base import LayerTransform, LinearSolver, Presolved, share_inputs
 from . import stages
 from .progress import LayerProgress
@@ -31,6 +32,7 @@ class QuantizeResult:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # extra checkpoint tensors (k_scale, ...)
     stats: dict[str, dict] = field(default_factory=dict)
     seconds: float = 0.0
+    activations: str | None = None  # where the calibration activations were kept: "memory" or "disk"
 
 
 def transforms_for(model: nn.Module, plan: Plan) -> list[LayerTransform]:
@@ -109,13 +111,15 @@ def _cost(solver: LinearSolver) -> float:
 
 
 def quantize_model(model: nn.Module, plan: Plan, calib_samples: list[torch.Tensor] | None = None,
-                   progress=None, device: str = "cpu", weights=None, keep=None) -> QuantizeResult:
+                   progress=None, device: str = "cpu", weights=None, keep=None,
+                   spill: spilling.Spill | None = None) -> QuantizeResult:
     """Quantise model in place (its planned Linear weights become their dequantised values); return the codes.
 
     weights: a models.lazy.LazyWeights when the decoder layers are still on the meta device; each layer is then
     read just before it is processed and its quantised Linears' float weights are dropped right after.
     keep: QWeight -> QWeight, applied to each solved Linear's codes before they are kept (formats/code_spool.py
     moves them to disk, so a streamed run's memory does not grow with the layers solved).
+    spill: where the calibration activations go when they would not fit (capture/spill.py); None: memory.
     """
     t0 = time.time()
     if plan.needs_data and not calib_samples:
@@ -126,7 +130,9 @@ def quantize_model(model: nn.Module, plan: Plan, calib_samples: list[torch.Tenso
     prog = LayerProgress(progress, len(layers), len(calib_samples or []) if plan.needs_data else 0)
     stream = LayerStream(weights, plan.schemes, layers_name)
     if plan.needs_data:
-        _sequential(model, layers, layers_name, plan, calib_samples, solve, prog, device, stream)
+        spill = spill or spilling.Spill(None, None)
+        _sequential(model, layers, layers_name, plan, calib_samples, solve, prog, device, stream, spill)
+        result.activations = "disk" if spill.on_disk else "memory"
     else:
         for i in range(len(layers)):
             stream.load(i)
@@ -154,13 +160,22 @@ def _to_device(model: nn.Module, layers_name: str, device: str) -> None:
                 t.data = t.data.to(device)
 
 
-def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, prog, device, stream):
+def _state_bytes(model: nn.Module, samples: list[torch.Tensor]) -> int:
+    """What one set of hidden states (every sample's input to a layer) takes, in the dtype the model computes."""
+    hidden = model.config.get_text_config().hidden_size
+    size = next(model.parameters()).element_size()
+    return sum(s.numel() for s in samples) * hidden * size
+
+
+def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, prog, device, stream,
+                spill: spilling.Spill):
     names_of = {m: n for n, m in solve.modules.items()}
     transforms = transforms_for(model, plan)
     on_device = device != "cpu"
     if on_device:
         _to_device(model, layers_name, device)
-    inputs = capture.first_layer_inputs(model, layers, samples, device)
+    spill.decide(_state_bytes(model, samples))
+    inputs = capture.first_layer_inputs(model, layers, samples, device, spill.new(device))
     for i, layer in enumerate(layers):
         where = f"{layers_name}.{i}"
         stream.load(i)
@@ -176,12 +191,15 @@ def _sequential(model, layers, layers_name, plan: Plan, samples, solve: _Solve, 
             solve.result.tensors.update(out.get("tensors", {}))
             solve.solved.update(out.get("solved", {}))
         _solve_layer(layer, {m: names_of[m] for m in targets}, inputs, solve, prog)
-        inputs = capture.LayerInputs(capture.run_layer(layer, inputs), inputs.kwargs)
+        outputs = capture.run_layer(layer, inputs, spill.new(device))
+        spilling.release(inputs.hidden)
+        inputs = capture.LayerInputs(outputs, inputs.kwargs)
         capture.check_finite(inputs.hidden, f"the output of {where}")
         if on_device:
             layer.to("cpu")
         stream.release(i)  # after run_layer: the next layer's inputs come from this quantised layer
         prog.layer(f"layer {i + 1}/{len(layers)}")
+    spilling.release(inputs.hidden)
 
 
 def _solve_layer(layer, names: dict, inputs, solve: _Solve, prog) -> None:
