@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quantkit.capture.spill import DiskStates, Spill
+from quantkit.capture.spill import DiskStates, Spill, subset
 from quantkit.errors import UserError
 from quantkit.pipeline import quantize_model
 from quantkit.plan import build_plan
@@ -72,6 +72,11 @@ def test_disk_states_read_back_what_was_written(tmp_path):
     for a, b in zip(states, written):
         assert a.dtype == b.dtype and torch.equal(a, b)
     assert [t.shape for t in states[1:]] == [written[1].shape, written[2].shape]
+    # a subset (the hold-out split) stays on disk and reads the entries it names, nested too
+    part = subset(states, [2, 0])
+    assert not isinstance(part, list) and len(part) == 2 and torch.equal(part[0], written[2])
+    assert torch.equal(subset(part, [1])[0], written[0])
+    assert subset(written, [1]) == [written[1]]
     states.close()
     assert not (tmp_path / "s.bin").exists()
 

@@ -20,6 +20,7 @@ from .. import heap
 from ..distributed import Pool
 from ..errors import UserError
 from . import holdout
+from .spill import subset
 
 
 class _Stop(Exception):
@@ -32,7 +33,8 @@ class LayerInputs:
     kwargs: list[dict]  # the keyword arguments the model passed to the layer, per sample
 
     def take(self, idx: list[int]) -> "LayerInputs":
-        return LayerInputs([self.hidden[j] for j in idx], [self.kwargs[j] for j in idx])
+        # states on disk stay there: the subset reads each when it is reached
+        return LayerInputs(subset(self.hidden, idx), [self.kwargs[j] for j in idx])
 
 
 def split_inputs(inputs: LayerInputs, fraction: float) -> tuple[LayerInputs, LayerInputs | None]:

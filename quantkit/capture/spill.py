@@ -74,6 +74,30 @@ class DiskStates(Sequence):
             self.path.unlink(missing_ok=True)
 
 
+class _Subset(Sequence):
+    """Some of a DiskStates' entries, in the order given, still read one at a time."""
+
+    def __init__(self, states: DiskStates, idx: list[int]):
+        self.states, self.idx = states, list(idx)
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        return self.states[self.idx[j]]
+
+
+def subset(states, idx: list[int]):
+    """STATES[j] for j in IDX: a list for states in memory, a view that reads on access for states on disk."""
+    if isinstance(states, DiskStates):
+        return _Subset(states, idx)
+    if isinstance(states, _Subset):
+        return _Subset(states.states, [states.idx[j] for j in idx])
+    return [states[j] for j in idx]
+
+
 class Spill:
     """Where each set of a run's hidden states goes: a list in memory, or a DiskStates file in FOLDER once
     decide() found both sets larger than SHARE of CAP bytes."""
