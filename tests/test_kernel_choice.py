@@ -191,11 +191,11 @@ def test_a_load_records_its_choices_caches_them_and_explains_them(monkeypatch, t
     # q/o 64x64, k/v 32x64, gate/up 128x64, down 64x128 and the head: five keys, each with its times
     assert len(lines) == 6 and all(" us" in line for line in lines[1:]), lines
     q = model.model.layers[0].self_attn.q_proj
-    assert q._cpu_path in ("cpu-int4pack", "torch-dequant-matmul") and any(
+    assert q._cpu_path in ("cpu-int4pack", "cpu-w4a8", "torch-dequant-matmul") and any(
         "q_proj" in line and q._cpu_path in line for line in lines)
     cached = json.loads((tmp_path / "quantkit" / "kernel_choice.json").read_text())
     (entry,) = cached["machines"].values()
-    assert {v["path"] for v in entry["choices"].values()} <= {"cpu-int4pack", "torch-dequant-matmul",
+    assert {v["path"] for v in entry["choices"].values()} <= {"cpu-int4pack", "cpu-w4a8", "torch-dequant-matmul",
                                                               "float16-copy", "plain"}
     with torch.inference_mode():
         fast = model(x).logits.double()
@@ -299,8 +299,10 @@ def test_every_candidate_is_correct_under_each_isa_cap(aten, onednn):
     found = out["found"]
     q4 = next(v for k, v in found.items() if k.startswith("w4 g64"))
     q8 = next(v for k, v in found.items() if k.startswith("w8"))
-    # the packed ops and the dequantising fallback are both checked, under every cap
-    assert {"cpu-int4pack", "torch-dequant-matmul"} <= set(q4) and "cpu-int8pack" in q8
+    # the packed ops, quantkit's W4A8 op (every cap here leaves AVX2) and the dequantising fallback are all
+    # checked, under every cap, the act-order W4 too
+    assert {"cpu-int4pack", "cpu-w4a8", "torch-dequant-matmul"} <= set(q4) and "cpu-int8pack" in q8
+    assert "cpu-w4a8" in next(v for k, v in found.items() if k.startswith("w4 g32 asym act-order"))
     assert "fbgemm-fp16" in found["float 80x192 float32"] and "float16-copy" in found["head 512x128 float32"]
     bad = {(key, path): e for key, paths in found.items() for path, e in paths.items() if not e[0] <= e[1]}
     assert not bad, bad

@@ -64,20 +64,25 @@ def _contiguous_groups(g_idx: torch.Tensor | None, groups: int, k: int):
     return k // groups, None if torch.equal(perm, torch.arange(k)) else perm
 
 
-def repack_int4(weight_packed, weight_scale, weight_zero_point, g_idx, group_size, in_features) -> Int4Pack | None:
-    n, k = weight_packed.shape[0], in_features
+def group_runs(weight_scale, g_idx, group_size: int, k: int) -> tuple[int, torch.Tensor | None] | None:
+    """(group width, input order) of a weight whose groups the packed CPU layouts can take as contiguous runs
+    of a width dividing K (a per-channel scale: one run of K; a g_idx: runs after reordering the inputs by perm,
+    None when none is needed); None where K is not a multiple of 32 or the groups are not such runs."""
     groups = weight_scale.shape[1] if weight_scale.dim() == 2 else 1
     if k % 32:
         return None
     if g_idx is not None or groups == 1:
-        found = _contiguous_groups(g_idx, groups, k)
-        if found is None:
-            return None
-        width, perm = found
-    else:
-        width, perm = group_size, None
-        if groups * width != k:
-            return None
+        return _contiguous_groups(g_idx, groups, k)
+    return (group_size, None) if groups * group_size == k else None
+
+
+def repack_int4(weight_packed, weight_scale, weight_zero_point, g_idx, group_size, in_features) -> Int4Pack | None:
+    n, k = weight_packed.shape[0], in_features
+    groups = weight_scale.shape[1] if weight_scale.dim() == 2 else 1
+    runs = group_runs(weight_scale, g_idx, group_size, k)
+    if runs is None:
+        return None
+    width, perm = runs
     group = next((t for t in _TORCH_GROUPS if width % t == 0), None)
     if group is None:
         return None

@@ -2,8 +2,8 @@
 
 CUDA: the CUDA C++ GEMV at 1-4 rows (4-bit, fp16/bf16), the Triton kernels up to TRITON_GEMM_MAX_ROWS rows,
 dequantise + cuBLAS above; the CUDA tensor-core GEMM (5-64 rows) only with QUANTKIT_KERNEL=cuda until measured.
-CPU: the path the runtime measured fastest at load (use_cpu_path, kernels/path_choice.py) when it has one;
-otherwise torch's packed int4/int8 ops where they apply (one-time repack in prepare), else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
+CPU: the path the runtime measured fastest at load (use_cpu_path, kernels/path_choice.py) when it has one (the
+AVX2 W4A8 op, cpu_w4a8.py, only up to its MAX_ROWS rows: a prefill dequantises and multiplies); otherwise torch's packed int4/int8 ops where they apply (one-time repack in prepare), else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
 activations (fp32/fp16 take a scalar path 100-300x slower than a float matmul, bench/kernels_cpu.py), so
 they are repacked for bfloat16 models (scale dtype) and used for bfloat16 activations only. Triton is only chosen on CPU when forced (interpreter).
 2/3-bit weights (dense packing, codes straddle words) have no fused kernel: dequantise + matmul everywhere.
@@ -20,7 +20,7 @@ import os
 import torch
 
 from ..errors import UserError
-from . import cpu, reference
+from . import cpu, cpu_w4a8, reference
 from .cuda_library import GEMV_MAX_ROWS as CUDA_GEMV_MAX_ROWS, gemv_supported, tc_supported
 
 log = logging.getLogger("quantkit.kernels")
@@ -94,6 +94,7 @@ def prepare(module) -> None:
     """One-time work per layer at load: CPU repacks for torch's packed ops, cached on the module."""
     module._cpu_int4 = None
     module._cpu_int8 = None
+    module._cpu_w4a8 = None
     module._cpu_path = None
     if module.weight_packed.device.type == "cpu" and (module.weight_scale.dtype == torch.bfloat16
                                                        or getattr(module, "cpu_bf16_activations", False)):
@@ -105,7 +106,16 @@ def prepare(module) -> None:
     module._qk_prepared = True
 
 
-CPU_PATHS = ("cpu-int4pack", "cpu-int8pack", "torch-dequant-matmul")
+CPU_PATHS = ("cpu-int4pack", "cpu-int8pack", "cpu-w4a8", "torch-dequant-matmul")
+
+
+def w4a8_pack(module):
+    """The module's cpu_w4a8 layout, made on first use (None where the op or the weight's layout rules it out)."""
+    if getattr(module, "_cpu_w4a8", None) is None and module.bits == 4 and module.weight_packed.device.type == "cpu" \
+            and cpu_w4a8.available():
+        wp, sc, zp, gi, gs = _tensors(module)
+        module._cpu_w4a8 = cpu_w4a8.repack(wp, sc, zp, gi, gs, module.in_features)
+    return getattr(module, "_cpu_w4a8", None)
 
 
 def use_cpu_path(module, path: str) -> None:
@@ -113,19 +123,28 @@ def use_cpu_path(module, path: str) -> None:
     layout it no longer uses is let go, so its memory is freed and fused.py does not stack it."""
     if path not in CPU_PATHS:
         raise ValueError(f"{path} is not a CPU path of a quantised Linear")
+    if path == "cpu-w4a8" and w4a8_pack(module) is None:
+        raise ValueError(f"cpu-w4a8 cannot run {module.out_features}x{module.in_features} w{module.bits}")
     module._cpu_path = path
     if path != "cpu-int4pack":
         module._cpu_int4 = None
     if path != "cpu-int8pack":
         module._cpu_int8 = None
+    if path != "cpu-w4a8":
+        module._cpu_w4a8 = None
 
 
-def _measured_cpu_path(module) -> str | None:
+def _measured_cpu_path(module, rows: int) -> str | None:
     path = getattr(module, "_cpu_path", None)
     if path == "cpu-int4pack" and getattr(module, "_cpu_int4", None) is None:
         return None
     if path == "cpu-int8pack" and getattr(module, "_cpu_int8", None) is None:
         return None
+    if path == "cpu-w4a8":
+        if getattr(module, "_cpu_w4a8", None) is None:
+            return None
+        if rows > cpu_w4a8.MAX_ROWS:  # a prefill: one GEMM on the dequantised weight
+            return "torch-dequant-matmul"
     return path
 
 
@@ -160,7 +179,7 @@ def decide(device_type: str, rows: int, dtype: torch.dtype, module, forced: str 
         tc_ok = tc_supported(module.in_features, module.group_size, gi_present, module.bits, rows, dtype)
         return "cuda-tc" if tc_ok else "cuda-dequant-matmul"
     if device_type == "cpu":
-        measured = _measured_cpu_path(module) if forced is None else None
+        measured = _measured_cpu_path(module, rows) if forced is None else None
         if measured is not None:
             return measured
         # fp32/fp16 activations take the packed ops only when the loader opted in (runtime): they then run in
@@ -242,6 +261,11 @@ def linear_forward(module, x: torch.Tensor) -> torch.Tensor:
             y = gemv_w4a16(x2.contiguous(), cwp, csc, czp, cgi, gs, cbias)
         else:
             y = gemm_w4a16_tc(x2.contiguous(), cwp, csc, czp, gs, cbias)
+    elif path == "cpu-w4a8":
+        y = cpu_w4a8.matmul(module._cpu_w4a8, x2)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        y = y.to(x.dtype)
     elif path in ("cpu-int4pack", "cpu-int8pack"):
         xb = x2.to(torch.bfloat16)
         y = cpu.int4_matmul(module._cpu_int4, xb) if path == "cpu-int4pack" else cpu.int8_matmul(module._cpu_int8, xb)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import cpu, dispatch
+from ..kernels import cpu, cpu_w4a8, dispatch
 from .half_weight import fuse_modules
 from .quant import QuantLinear
 
@@ -68,6 +68,40 @@ def _int4_fused(mods) -> Fused | None:
     return Fused(run, [p.n for p in packs])
 
 
+def _w4a8_fused(mods) -> Fused | None:
+    """The W4A8 op's layouts stacked (each output row is computed from its own row of codes and scales, so the
+    stack is exact); past the op's rows (a prefill) each module is called on its own path."""
+    if not all(type(m) is QuantLinear and getattr(m, "_cpu_path", None) == "cpu-w4a8" for m in mods):
+        return None
+    packs = [m._cpu_w4a8 for m in mods]
+    if any(p is None or p.perm is not None for p in packs) or len({p.group for p in packs}) != 1:
+        return None
+    if len({p.zero.numel() == 0 for p in packs}) != 1 or dispatch.forced_kernel() is not None:
+        return None
+    pack = cpu_w4a8.W4A8Pack(torch.cat([p.codes for p in packs]), torch.cat([p.scale for p in packs]),
+                             torch.cat([p.zero for p in packs]), packs[0].group, None)
+    r = 0
+    for m, p in zip(mods, packs):  # each module now reads its rows of the stack, so the weights are held once
+        n = p.codes.shape[0]
+        p.codes, p.scale = pack.codes[r: r + n], pack.scale[r: r + n]
+        if p.zero.numel():
+            p.zero = pack.zero[r: r + n]
+        r += n
+    sizes = [m.out_features for m in mods]
+    bias = torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None
+
+    def run(x: torch.Tensor) -> torch.Tensor | tuple:
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] > cpu_w4a8.MAX_ROWS:
+            return torch.cat([m(x) for m in mods], -1)
+        y = cpu_w4a8.matmul(pack, x2)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+    return Fused(run, sizes)
+
+
 def _float_fused(mods) -> Fused | None:
     if not all(type(m) is nn.Linear for m in mods):
         return None
@@ -93,7 +127,7 @@ def fuse(mods: list[nn.Module], relayout: bool) -> Fused:
     cannot be saved by transformers' save_pretrained); int4 fusion leaves the checkpoint tensors as they are."""
     if len({m.bias is None for m in mods}) == 1:  # one fused bias needs all of them or none
         # float16-held weights stay modules with plain state_dicts when packed together, so relayout need not say
-        fused = _int4_fused(mods) or _half_fused(mods) or (_float_fused(mods) if relayout else None)
+        fused = _int4_fused(mods) or _w4a8_fused(mods) or _half_fused(mods) or (_float_fused(mods) if relayout else None)
         if fused is not None:
             return fused
     return Fused(lambda x: tuple(m(x) for m in mods), None)

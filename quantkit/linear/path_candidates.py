@@ -2,7 +2,8 @@
 against the float64 reference and time (dispatch.py calls these once the weights are on the CPU).
 
 - a quantised Linear (QuantLinear, 4 or 8 bits): torch's packed int4 / int8 op with bf16 activations where the
-  weight repacks into it, and dequantise into a reused buffer + float matmul (always);
+  weight repacks into it, dequantise into a reused buffer + float matmul (always), and at 4 bits on an AVX2 CPU
+  quantkit's W4A8 op (kernels/cpu_w4a8.py);
 - a float model's Linear: float16 weights with float32 products (FBGEMM, half_weight.py) when every weight is a
   float16 number, oneDNN's blocked layout (packed.py), nn.Linear as it is: relayout.py's order of preference;
 - a quantised checkpoint's float32 output head: its float16 copy (half_head.py), or the head as it is.
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import dispatch as kernel_dispatch
+from ..kernels import cpu_w4a8, dispatch as kernel_dispatch
 from ..kernels.path_choice import Candidate, Choice, Chooser
 from . import half_weight as half
 from .half_head import half_copy
@@ -27,6 +28,7 @@ ROWS_CHECKED = (1, 5)  # one row is what decode times; five catch a kernel that 
 # max|y - truth| / max|truth| each path is documented to stay within:
 BF16_TOL = 2e-2  # bf16 activations, scales and outputs: 8 significant bits each, a few roundings deep
 HALF_COPY_TOL = 3e-3  # a float32 weight rounded to float16 (11 bits): ~5e-4 per weight, summed in float32
+W4A8_TOL = 2e-2  # int8 activations per group (kernels/cpu_w4a8.py): ~5e-3 measured, the bf16 path's bound
 FLOAT_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # the activation dtype's own
 
 
@@ -69,11 +71,23 @@ def choose_quant(module: QuantLinear, chooser: Chooser, name: str) -> Choice:
              for path, pack in (("cpu-int4pack", module._cpu_int4), ("cpu-int8pack", module._cpu_int8))
              if pack is not None]
     cands.append(Candidate("torch-dequant-matmul", _forced(module, "torch-dequant-matmul"), FLOAT_TOL[dtype]))
+    if module.bits == 4 and cpu_w4a8.cpu_supported():  # last: where timings tie, the layouts that fuse and prefill
+        cands.append(Candidate("cpu-w4a8", _w4a8(module), W4A8_TOL))
     with torch.inference_mode():
         choice = chooser.pick(key, name, cands, _inputs(module.in_features, dtype),
                               _truth(lambda: module.dequantized_weight(), module.bias))
     kernel_dispatch.use_cpu_path(module, choice.path)
     return choice
+
+
+def _w4a8(module: QuantLinear):
+    """cpu_w4a8's op on MODULE, its layout made (and the library built, once per machine) only when checked."""
+    def build():
+        if kernel_dispatch.w4a8_pack(module) is None:
+            raise RuntimeError("the W4A8 op is not available here or does not take this layout")
+        return _forced(module, "cpu-w4a8")()
+
+    return build
 
 
 def _plain(weight: torch.Tensor, bias: torch.Tensor | None):
