@@ -73,19 +73,23 @@ def test_any_activations_stay_within_the_rounding_bound(rows, group, symmetric):
     assert relative_error(y, truth) <= W4A8_TOL  # the path's tolerance in the runtime's float64 check
 
 
-def test_the_runtime_runs_it_for_decode_rows_and_dequantises_for_a_prefill():
-    m, w64 = _module(64, 256, 64, True, bias=True)
+def test_the_runtime_runs_it_for_decode_rows_and_a_float_gemm_for_many():
+    m, w64 = _module(64, 256, 64, False, bias=True)
     kd.use_cpu_path(m, "cpu-w4a8")
     assert m._cpu_int4 is None and m._cpu_w4a8 is not None
     x = torch.randn(1, 3, 256, generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         y = m(x)
-    want = cpu_w4a8.matmul(m._cpu_w4a8, x.reshape(3, 256)) + m.bias
-    assert torch.equal(y.reshape(3, 64), want)
+    want = torch.ops.quantkit_cpu.w4a8_matmul(x.reshape(3, 256), *(getattr(m._cpu_w4a8, f) for f in
+                                                                    ("codes", "scale", "zero", "group")))
+    assert torch.equal(y.reshape(3, 64), want + m.bias)
+    # past MAX_ROWS: the weight dequantised in C++ (exact codes and scales) and a float32 product
     big = torch.randn(cpu_w4a8.MAX_ROWS + 1, 256, generator=torch.Generator().manual_seed(2))
-    assert kd.choose(m, big.shape[0], big) == "torch-dequant-matmul"
     with torch.inference_mode():
         assert relative_error(m(big), big.double() @ w64.t() + m.bias.double()) < 1e-5
+    out = torch.empty(64, 256)
+    torch.ops.quantkit_cpu.w4a8_dequant_out(m._cpu_w4a8.codes, m._cpu_w4a8.scale, m._cpu_w4a8.zero, 64, out)
+    assert torch.equal(out.double(), w64.float().double())
 
 
 def test_fused_projections_give_each_modules_own_output():

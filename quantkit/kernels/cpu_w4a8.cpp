@@ -138,12 +138,49 @@ at::Tensor w4a8_matmul(const at::Tensor& x, const at::Tensor& wq, const at::Tens
   return y;
 }
 
+// The float32 weight [N, K] of the same layout, into OUT: what a product of many rows (a prefill, a batch of
+// sequences) multiplies with a float GEMM, where the byte products would redo each weight's work per row.
+void w4a8_dequant_out(const at::Tensor& wq, const at::Tensor& ws, const at::Tensor& wz, int64_t group,
+                      at::Tensor& out) {
+  const int64_t n = wq.size(0), k = wq.size(1) * 2, groups = k / group;
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.is_contiguous() && out.size(0) == n && out.size(1) == k,
+              "w4a8_dequant_out: out must be a contiguous float32 [N, K]");
+  TORCH_CHECK(wq.is_contiguous() && ws.is_contiguous() && ws.size(1) == groups, "w4a8_dequant_out: bad layout");
+  const bool has_zero = wz.numel() > 0;
+  const uint8_t* w = wq.data_ptr<uint8_t>();
+  const float* s = ws.data_ptr<float>();
+  const uint8_t* z = has_zero ? wz.data_ptr<uint8_t>() : nullptr;
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t b = 0; b < k / SUB; ++b) {
+        const int64_t g = b * SUB / group;
+        const __m256 scale = _mm256_set1_ps(s[r * groups + g]);
+        const __m256 zero = _mm256_set1_ps(static_cast<float>(z ? z[r * groups + g] : 8));
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + r * (k / 2) + b * 16));
+        const __m128i halves[2] = {_mm_and_si128(packed, _mm_set1_epi8(0x0F)),
+                                   _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0F))};
+        float* dst = o + r * k + b * SUB;
+        for (int h = 0; h < 2; ++h) {  // inputs 0-15 in the low nibbles, 16-31 in the high ones
+          for (int q = 0; q < 2; ++q) {
+            const __m128i part = q == 0 ? halves[h] : _mm_srli_si128(halves[h], 8);
+            const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(part));
+            _mm256_storeu_ps(dst + h * 16 + q * 8, _mm256_mul_ps(_mm256_sub_ps(v, zero), scale));
+          }
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY(quantkit_cpu, lib) {
   lib.def("w4a8_matmul(Tensor x, Tensor wq, Tensor ws, Tensor wz, int group) -> Tensor");
+  lib.def("w4a8_dequant_out(Tensor wq, Tensor ws, Tensor wz, int group, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(quantkit_cpu, CPU, lib) {
   lib.impl("w4a8_matmul", &w4a8_matmul);
+  lib.impl("w4a8_dequant_out", &w4a8_dequant_out);
 }

@@ -28,13 +28,13 @@ from pathlib import Path
 import torch
 
 from ..formats.pack import unpack_int32
-from .cpu import group_runs
+from .cpu import group_runs, weight_buffer
 from .reference import unpack_zero_points
 
 log = logging.getLogger("quantkit.kernels")
 
 SOURCE = Path(__file__).with_name("cpu_w4a8.cpp")
-MAX_ROWS = 8  # one weight row is read once for all rows; past a few rows a GEMM (dequantise + matmul) wins
+MAX_ROWS = 8  # byte products up to this many rows; past them one dequantisation and a float GEMM
 _OP = "quantkit_cpu::w4a8_matmul"
 
 
@@ -100,11 +100,16 @@ def available() -> bool:
         log.info("cpu-w4a8 not available: %s", e)
         return False
     torch.library.register_fake(_OP)(_fake)
+    torch.library.register_fake("quantkit_cpu::w4a8_dequant_out")(_fake_dequant)
     return True
 
 
 def _fake(x, wq, ws, wz, group):
     return x.new_empty(x.shape[0], wq.shape[0], dtype=torch.float32)
+
+
+def _fake_dequant(wq, ws, wz, group, out):
+    return None
 
 
 def repack(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_point: torch.Tensor | None,
@@ -130,7 +135,14 @@ def repack(weight_packed: torch.Tensor, weight_scale: torch.Tensor, weight_zero_
 
 
 def matmul(pack: W4A8Pack, x2: torch.Tensor) -> torch.Tensor:
-    """x2 [M, K] (any float dtype) times the packed weight: [M, N] float32."""
+    """x2 [M, K] (any float dtype) times the packed weight: [M, N] float32. Up to MAX_ROWS rows the op's byte
+    products; more rows (a prefill, a batch of sequences) multiply the dequantised float32 weight (exact codes
+    and scales, float activations) in a reused buffer."""
     if pack.perm is not None:
         x2 = x2[:, pack.perm]
-    return torch.ops.quantkit_cpu.w4a8_matmul(x2, pack.codes, pack.scale, pack.zero, pack.group)
+    if x2.shape[0] <= MAX_ROWS:
+        return torch.ops.quantkit_cpu.w4a8_matmul(x2, pack.codes, pack.scale, pack.zero, pack.group)
+    n, k = pack.codes.shape[0], pack.codes.shape[1] * 2
+    w = weight_buffer(n, k, torch.float32, x2.device)
+    torch.ops.quantkit_cpu.w4a8_dequant_out(pack.codes, pack.scale, pack.zero, pack.group, w)
+    return x2.float() @ w.t()

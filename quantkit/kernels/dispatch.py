@@ -3,7 +3,7 @@
 CUDA: the CUDA C++ GEMV at 1-4 rows (4-bit, fp16/bf16), the Triton kernels up to TRITON_GEMM_MAX_ROWS rows,
 dequantise + cuBLAS above; the CUDA tensor-core GEMM (5-64 rows) only with QUANTKIT_KERNEL=cuda until measured.
 CPU: the path the runtime measured fastest at load (use_cpu_path, kernels/path_choice.py) when it has one (the
-AVX2 W4A8 op, cpu_w4a8.py, only up to its MAX_ROWS rows: a prefill dequantises and multiplies); otherwise torch's packed int4/int8 ops where they apply (one-time repack in prepare), else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
+AVX2 W4A8 op, cpu_w4a8.py, which past a few rows dequantises in C++ and multiplies in float); otherwise torch's packed int4/int8 ops where they apply (one-time repack in prepare), else dequantise into a reused buffer + float matmul. In torch 2.13 those ops are only vectorised for bfloat16
 activations (fp32/fp16 take a scalar path 100-300x slower than a float matmul, bench/kernels_cpu.py), so
 they are repacked for bfloat16 models (scale dtype) and used for bfloat16 activations only. Triton is only chosen on CPU when forced (interpreter).
 2/3-bit weights (dense packing, codes straddle words) have no fused kernel: dequantise + matmul everywhere.
@@ -140,11 +140,8 @@ def _measured_cpu_path(module, rows: int) -> str | None:
         return None
     if path == "cpu-int8pack" and getattr(module, "_cpu_int8", None) is None:
         return None
-    if path == "cpu-w4a8":
-        if getattr(module, "_cpu_w4a8", None) is None:
-            return None
-        if rows > cpu_w4a8.MAX_ROWS:  # a prefill: one GEMM on the dequantised weight
-            return "torch-dequant-matmul"
+    if path == "cpu-w4a8" and getattr(module, "_cpu_w4a8", None) is None:
+        return None
     return path
 
 
@@ -237,9 +234,9 @@ def linear_forward(module, x: torch.Tensor) -> torch.Tensor:
     """y = x @ W^T + b for a QuantLinear, in x.dtype, by the kernel `choose` picks for this device and size."""
     pack = getattr(module, "_cpu_w4a8", None)
     if pack is not None and module._cpu_path == "cpu-w4a8" and x.shape[-1] == module.in_features \
-            and x.numel() <= cpu_w4a8.MAX_ROWS * module.in_features and forced_kernel() is None:
-        # a decode step's product on the measured W4A8 path: what choose() would decide, without its ~9 us of
-        # Python per call (a W4 SmolLM2 step makes 120 of them)
+            and forced_kernel() is None:
+        # the measured W4A8 path: what choose() would decide, without its ~9 us of Python per call (a W4
+        # SmolLM2 decode step makes 120 of them)
         cpu.check_activation(x)
         y = cpu_w4a8.matmul(pack, x.reshape(-1, module.in_features))
         if module.bias is not None:

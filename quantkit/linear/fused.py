@@ -70,7 +70,7 @@ def _int4_fused(mods) -> Fused | None:
 
 def _w4a8_fused(mods) -> Fused | None:
     """The W4A8 op's layouts stacked (each output row is computed from its own row of codes and scales, so the
-    stack is exact); past the op's rows (a prefill) each module is called on its own path."""
+    stack is exact)."""
     if not all(type(m) is QuantLinear and getattr(m, "_cpu_path", None) == "cpu-w4a8" for m in mods):
         return None
     packs = [m._cpu_w4a8 for m in mods]
@@ -91,10 +91,7 @@ def _w4a8_fused(mods) -> Fused | None:
     bias = torch.cat([m.bias for m in mods]) if mods[0].bias is not None else None
 
     def run(x: torch.Tensor) -> torch.Tensor | tuple:
-        x2 = x.reshape(-1, x.shape[-1])
-        if x2.shape[0] > cpu_w4a8.MAX_ROWS:
-            return torch.cat([m(x) for m in mods], -1)
-        y = cpu_w4a8.matmul(pack, x2)
+        y = cpu_w4a8.matmul(pack, x.reshape(-1, x.shape[-1]))
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.to(x.dtype).reshape(*x.shape[:-1], -1)
