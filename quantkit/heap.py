@@ -10,8 +10,11 @@ slower) or held more at its end (4 MiB: 559 MiB; 16 MiB: 1,112 MiB above a warme
 under --max-memory cpu=448MiB, 8 x 128 tokens, RssAnon read every millisecond; 2-core Intel Xeon, 2026-12-04).
 Pinned at glibc's own 128 KiB the solving stage of that run peaked at 307 MiB, but the run took 135-138 s
 against 70-77 s (2-core AMD EPYC, 2026-12-05). So the heap is trimmed where a layer's temporaries have just
-been freed: per streamed layer, after each calibration pass (capture/layer.py) and after each of AWQ's searches;
-the solving stage then peaked at 371 MiB against 395-444 MiB with trims per layer only, in 70 s.
+been freed: per streamed layer, after each calibration pass (capture/layer.py), after each of AWQ's searches and
+after each Linear's solve (GPTQ's float64 sums and factors: on three SmolLM2 layers, awq+gptq on 64 x 512 tokens
+with the activations on disk, 182 -> 153 MiB above the loaded model in the same 44 s; a trim per calibration
+sample gave 142 MiB but 54 s); the solving stage then peaked at 371 MiB against 395-444 MiB with trims per
+layer only, in 70 s.
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .. import distributed
+from .. import distributed, heap
 from ..errors import UserError
 from ..models.hf import decoder_layers
 from ..plan import Plan
@@ -94,6 +94,7 @@ class _Solve:
     def solved_by(self, name: str, solver: LinearSolver) -> QWeight:
         t = time.time()
         qw = solver.solve()
+        heap.trim()  # the solve's float64/float32 work (quantkit/heap.py)
         qw.stats["seconds"] = round(time.time() - t, 4)  # the whole solve: a guard's candidates included
         qw.stats["scheme"] = self.plan.schemes[name].name
         return qw
