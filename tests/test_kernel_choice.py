@@ -240,7 +240,7 @@ from quantkit.testing.packed import make_packed
 truths, found = {}, {}
 
 class Check:  # every candidate checked against our own float64 truth; nothing chosen
-    def pick(self, key, name, cands, inputs, _their_truth):
+    def pick(self, key, name, cands, inputs, _their_truth, batch_rows=None):
         w64, b = truths[name]
         ys = [x.double() @ w64.t() + (0 if b is None else b.double()) for x in inputs]
         found[key] = {c.name: [max(relative_error(c.build()(x), y) for x, y in zip(inputs, ys)), c.tolerance]
@@ -306,3 +306,33 @@ def test_every_candidate_is_correct_under_each_isa_cap(aten, onednn):
     assert "fbgemm-fp16" in found["float 80x192 float32"] and "float16-copy" in found["head 512x128 float32"]
     bad = {(key, path): e for key, paths in found.items() for path, e in paths.items() if not e[0] <= e[1]}
     assert not bad, bad
+
+
+def test_a_path_that_sinks_a_batch_is_refused_even_when_fastest_at_one_row(tmp_path):
+    """Timed on 16 rows as well, a candidate more than BATCH_SLACK times the fastest there is refused."""
+    rows_seen = []
+
+    def counted(name):
+        def build():
+            def run(x):
+                rows_seen.append(x.shape[0])
+                return x @ W.t()
+            return run
+        return Candidate(name, build, 1e-6)
+
+    us = {("one-row champion", 1): 10.0, ("batch-friendly", 1): 12.0,
+          ("one-row champion", 16): 300.0, ("batch-friendly", 16): 100.0}
+
+    def timer(name, fn):
+        fn()
+        return us[name, rows_seen[-1]]
+
+    cands = [counted("batch-friendly"), counted("one-row champion")]
+    choice = Chooser(Cache(tmp_path / "c.json", FIELDS), timer, "measure").pick("k", "m", cands, X, truth,
+                                                                                batch_rows=16)
+    assert choice.path == "batch-friendly" and 16 in rows_seen
+    assert choice.rejected["one-row champion"] == "3.0x the fastest at 16 rows" and "refused" in choice.why()
+    # within the slack (or without a batch) the one-row champion wins, as before
+    us["one-row champion", 16] = 140.0
+    assert Chooser(Cache(tmp_path / "c2.json", FIELDS), timer, "measure").pick(
+        "k", "m", cands, X, truth, batch_rows=16).path == "one-row champion"

@@ -35,11 +35,16 @@ MODE_ENV = "QUANTKIT_KERNEL_CHOICE"
 MODES = ("measure", "preferred")
 CACHE_FILE = "kernel_choice.json"
 TIE_MARGIN = 0.05  # times this close to the fastest count as equal (one row's timing noise on a quiet machine)
-CACHE_VERSION = 2  # 1 timed each candidate in one go: a burst of other work could decide a choice, then cached
+CACHE_VERSION = 3  # 2 timed one row only; 1 timed each candidate in one go: a burst of other work could decide a choice, then cached
 # Candidates are timed in this many interleaved rounds and each keeps its fastest: a burst of other work on a
 # shared machine then slows one round of every candidate instead of all of one candidate's calls (one such
 # burst, cached, halved W4 decode: cpu-int4pack timed at 52 ms for a 29 us product)
 TIMING_ROUNDS = 3
+# Where a kind is also timed on a batch (Chooser.pick's batch_rows), a candidate more than this many times the
+# fastest there is refused even when it wins at one row: on an AVX-512 BF16 CPU quantkit's W4A8 op ties torch's
+# int4 op at one row and takes 2.1x its time at 16 (each row redoes the byte products), which took 16 concurrent
+# requests from 267 to 195 tok/s (2-core AMD EPYC, 2026-12-05); capped to AVX2 the two tie at 16 rows.
+BATCH_SLACK = 1.5
 # The env caps that change which kernels torch runs (ATen's vectorised code; oneDNN's ISA, old and new name)
 ENV_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA")
 # The CPU flags the candidate kernels branch on (x86 and Arm): anything else leaves the choice alone
@@ -201,17 +206,19 @@ class Chooser:
         self.choices: dict[str, Choice] = {}
 
     def pick(self, key: str, module_name: str, candidates: list[Candidate], inputs: list[torch.Tensor],
-             truth: Callable[[torch.Tensor], torch.Tensor]) -> Choice:
+             truth: Callable[[torch.Tensor], torch.Tensor], batch_rows: int | None = None) -> Choice:
         """The path for `key`. inputs: activations to check on (the first, one row, is also the one timed);
-        truth(x): the float64 reference output. Candidates in order of preference."""
+        truth(x): the float64 reference output. Candidates in order of preference. batch_rows: also time each
+        correct candidate on that many rows, and refuse one more than BATCH_SLACK times the fastest there (a
+        path that wins one sequence's decode must not sink a batch of them, or a prefill)."""
         choice = self.choices.get(key)
         if choice is None:
-            choice = self._decide(key, candidates, inputs, truth)
+            choice = self._decide(key, candidates, inputs, truth, batch_rows)
             self.choices[key] = choice
         choice.modules.append(module_name)
         return choice
 
-    def _decide(self, key, candidates, inputs, truth) -> Choice:
+    def _decide(self, key, candidates, inputs, truth, batch_rows=None) -> Choice:
         if self.how == "preferred":  # the layouts chosen before measuring, each already probed by its module
             return Choice(key, candidates[0].name, source="preferred")
         if self.cache is None:
@@ -232,11 +239,14 @@ class Chooser:
                 rejected[c.name] = why
                 continue
             fns[c.name] = c.build()
-        times: dict[str, float] = {}
-        for _ in range(TIMING_ROUNDS):
-            for name, fn in fns.items():
-                t = self.timer(name, lambda fn=fn: fn(inputs[0]))
-                times[name] = min(times.get(name, float("inf")), t)
+        times = self._times(fns, inputs[0])
+        if batch_rows and len(fns) > 1:
+            batch = self._times(fns, inputs[0].expand(batch_rows, -1).contiguous())
+            fastest = min(batch.values())
+            for name, t in batch.items():
+                if t > BATCH_SLACK * fastest:
+                    rejected[name] = f"{t / fastest:.1f}x the fastest at {batch_rows} rows"
+                    del times[name]
         if not times:
             raise RuntimeError(f"no candidate kernel gives correct results for {key}: {rejected}")
         fastest = min(times.values())
@@ -246,6 +256,15 @@ class Chooser:
         choice = Choice(key, path, times, rejected)
         self.cache.put(key, choice)
         return choice
+
+    def _times(self, fns: dict, x: torch.Tensor) -> dict[str, float]:
+        """Each candidate's best time on x, over TIMING_ROUNDS interleaved rounds."""
+        times: dict[str, float] = {}
+        for _ in range(TIMING_ROUNDS):
+            for name, fn in fns.items():
+                t = self.timer(name, lambda fn=fn: fn(x))
+                times[name] = min(times.get(name, float("inf")), t)
+        return times
 
     @staticmethod
     def _wrong(c: Candidate, inputs, truths) -> str | None:

@@ -24,7 +24,8 @@ from .half_head import half_copy
 from .packed import PackedLinear, available as onednn_available
 from .quant import QuantLinear
 
-ROWS_CHECKED = (1, 5)  # one row is what decode times; five catch a kernel that is only right for one
+ROWS_CHECKED = (1, 5)
+BATCH_ROWS = 16  # a quantised kind's paths are also timed on this many rows: 16 concurrent sequences' decode step  # one row is what decode times; five catch a kernel that is only right for one
 # max|y - truth| / max|truth| each path is documented to stay within:
 BF16_TOL = 2e-2  # bf16 activations, scales and outputs: 8 significant bits each, a few roundings deep
 HALF_COPY_TOL = 3e-3  # a float32 weight rounded to float16 (11 bits): ~5e-4 per weight, summed in float32
@@ -75,7 +76,7 @@ def choose_quant(module: QuantLinear, chooser: Chooser, name: str) -> Choice:
         cands.append(Candidate("cpu-w4a8", _w4a8(module), W4A8_TOL))
     with torch.inference_mode():
         choice = chooser.pick(key, name, cands, _inputs(module.in_features, dtype),
-                              _truth(lambda: module.dequantized_weight(), module.bias))
+                              _truth(lambda: module.dequantized_weight(), module.bias), batch_rows=BATCH_ROWS)
     kernel_dispatch.use_cpu_path(module, choice.path)
     return choice
 
