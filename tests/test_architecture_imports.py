@@ -17,7 +17,7 @@ PKG = Path(__file__).resolve().parents[1] / "quantkit"
 LAYERS = [
     ["quantkit.version", "quantkit.errors", "quantkit.e4m3", "quantkit.fp4", "quantkit.schemes", "quantkit.qweight",
      "quantkit.targets", "quantkit.shipped", "quantkit.distributed", "quantkit.dtypes", "quantkit.devices",
-     "quantkit.heap"],
+     "quantkit.heap", "quantkit.cache_dir"],
     ["quantkit.formats"],
     ["quantkit.kernels"],
     ["quantkit.linear", "quantkit.models", "quantkit.data", "quantkit.capture"],

@@ -44,5 +44,6 @@ def test_a_streamed_run_spools_every_linear_and_leaves_no_folder(tmp_path, monke
     summary = quantize_to_checkpoint(apply_overrides(Recipe(), {"model": str(src), "output": str(out),
                                                                 "quant.method": "rtn", "quant.group_size": 32}))
     assert summary["loading"] == "layer by layer" and len(kept) == summary["layers"] > 0
-    assert kept[0].parent == tmp_path and not kept[0].exists()  # beside OUT, and removed after the write
+    # in the run's scratch folder beside OUT, and both removed after the write
+    assert kept[0].parent.parent == tmp_path and not kept[0].parent.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["models", "out"]

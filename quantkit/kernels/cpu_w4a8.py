@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache_dir import cache_root
 from ..formats.pack import unpack_int32
 from .cpu import group_runs, weight_buffer
 from .reference import unpack_zero_points
@@ -51,8 +52,6 @@ class W4A8Pack:
 
 
 def _library_path() -> Path:
-    from ..models.gguf_float import cache_root
-
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
     return cache_root() / f"cpu-w4a8-{key}" / "libquantkit_cpu_w4a8.so"
 

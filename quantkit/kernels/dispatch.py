@@ -134,7 +134,7 @@ def use_cpu_path(module, path: str) -> None:
         module._cpu_w4a8 = None
 
 
-def _measured_cpu_path(module, rows: int) -> str | None:
+def _measured_cpu_path(module) -> str | None:
     path = getattr(module, "_cpu_path", None)
     if path == "cpu-int4pack" and getattr(module, "_cpu_int4", None) is None:
         return None
@@ -176,7 +176,7 @@ def decide(device_type: str, rows: int, dtype: torch.dtype, module, forced: str 
         tc_ok = tc_supported(module.in_features, module.group_size, gi_present, module.bits, rows, dtype)
         return "cuda-tc" if tc_ok else "cuda-dequant-matmul"
     if device_type == "cpu":
-        measured = _measured_cpu_path(module, rows) if forced is None else None
+        measured = _measured_cpu_path(module) if forced is None else None
         if measured is not None:
             return measured
         # fp32/fp16 activations take the packed ops only when the loader opted in (runtime): they then run in

@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from ..cache_dir import cache_root
 from ..errors import UserError
 
 log = logging.getLogger("quantkit.kernels")
@@ -112,8 +113,7 @@ def machine_key(fields: dict) -> str:
 
 
 def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "quantkit" / CACHE_FILE
+    return cache_root() / CACHE_FILE
 
 
 class Cache:

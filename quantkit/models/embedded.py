@@ -9,7 +9,8 @@ import importlib.util
 from pathlib import Path
 
 from ..errors import UserError
-from .gguf_float import cache_root, float_folder
+from ..cache_dir import cache_root
+from .gguf_float import float_folder
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "smollm2-135m-instruct"

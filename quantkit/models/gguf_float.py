@@ -14,13 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..cache_dir import cache_root
 from ..errors import UserError
-
-
-def cache_root() -> Path:
-    root = os.environ.get("QUANTKIT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "quantkit")
-    return Path(root)
 
 
 def is_gguf(path: Path) -> bool:

@@ -62,7 +62,7 @@ def _inductor_cache_per_capability() -> None:
     folder the user chose (TORCHINDUCTOR_CACHE_DIR) is left as it is; torch writes its default there on first use."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from ..models.gguf_float import cache_root
+    from ..cache_dir import cache_root
 
     chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if chosen and os.path.abspath(chosen) != os.path.abspath(default_cache_dir()):
