@@ -5,6 +5,7 @@ locked) before anything is loaded and held until the checkpoint is renamed into 
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -164,28 +165,23 @@ def _run(recipe: Recipe, folder: Path, claim, progress, lazy: bool) -> dict:
             "float_weights": len(plan.uncovered), "moe": _moe_line(meta.get("moe"))}
 
 
+@contextlib.contextmanager
 def _scratch(claim):
     """The run's own temporary folder, removed when it ends: the claim's (beside OUT, which a killed run's
     successor clears), or the system's temp folder on a rank that does not write."""
-    import contextlib
     import shutil
     import tempfile
 
-    @contextlib.contextmanager
-    def folder():
-        path = claim.temporary() if claim is not None else Path(tempfile.mkdtemp(prefix=".quantkit-scratch-"))
-        try:
-            yield path
-        finally:
-            shutil.rmtree(path, ignore_errors=True)
-    return folder()
+    path = claim.temporary() if claim is not None else Path(tempfile.mkdtemp(prefix=".quantkit-scratch-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _code_spool(scratch: Path, claim, recipe: Recipe, streamed: bool):
     """Where a streamed run keeps its solved codes until the write (formats/code_spool.py), in the run's scratch
     folder. A whole-model run holds the float model anyway, and keeps its codes in memory."""
-    import contextlib
-
     from .formats.code_spool import CodeSpool
 
     if not streamed:

@@ -4,8 +4,8 @@ over what a layer, a block inside it or a Linear is fed.
 Only the current layer is moved to the compute device; the rest stays where it was loaded (CPU, or disk when
 accelerate offloaded it). Each layer sees the outputs of the previous layer *after* that layer was quantised
 (true sequential), so errors are corrected downstream instead of compounding. Memory is one layer plus the
-calibration activations (kept on disk when they would not fit: spill.py). A pass stops as soon as everything asked for has been seen (_Stop), so feeding the
-first Linears of a layer costs a fraction of the layer.
+calibration activations (kept on disk when they would not fit: spill.py). A pass stops as soon as everything
+asked for has been seen (_Stop), so feeding the first Linears of a layer costs a fraction of the layer.
 """
 from __future__ import annotations
 

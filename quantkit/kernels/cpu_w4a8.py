@@ -47,9 +47,6 @@ class W4A8Pack:
     group: int
     perm: torch.Tensor | None  # input order a g_idx with contiguous groups needs (x[:, perm])
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.codes, self.scale, self.zero))
-
 
 def _library_path() -> Path:
     key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]

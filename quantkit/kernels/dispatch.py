@@ -235,8 +235,8 @@ def linear_forward(module, x: torch.Tensor) -> torch.Tensor:
     pack = getattr(module, "_cpu_w4a8", None)
     if pack is not None and module._cpu_path == "cpu-w4a8" and x.shape[-1] == module.in_features \
             and forced_kernel() is None:
-        # the measured W4A8 path: what choose() would decide, without its ~9 us of Python per call (a W4
-        # SmolLM2 decode step makes 120 of them)
+        # the measured W4A8 path, taken here only: what choose() would decide, without its ~9 us of Python per
+        # call (a W4 SmolLM2 decode step makes 120 of them)
         cpu.check_activation(x)
         y = cpu_w4a8.matmul(pack, x.reshape(-1, module.in_features))
         if module.bias is not None:
@@ -268,11 +268,6 @@ def linear_forward(module, x: torch.Tensor) -> torch.Tensor:
             y = gemv_w4a16(x2.contiguous(), cwp, csc, czp, cgi, gs, cbias)
         else:
             y = gemm_w4a16_tc(x2.contiguous(), cwp, csc, czp, gs, cbias)
-    elif path == "cpu-w4a8":
-        y = cpu_w4a8.matmul(module._cpu_w4a8, x2)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
-        y = y.to(x.dtype)
     elif path in ("cpu-int4pack", "cpu-int8pack"):
         xb = x2.to(torch.bfloat16)
         y = cpu.int4_matmul(module._cpu_int4, xb) if path == "cpu-int4pack" else cpu.int8_matmul(module._cpu_int8, xb)

@@ -124,7 +124,8 @@ def fuse(mods: list[nn.Module], relayout: bool) -> Fused:
     cannot be saved by transformers' save_pretrained); int4 fusion leaves the checkpoint tensors as they are."""
     if len({m.bias is None for m in mods}) == 1:  # one fused bias needs all of them or none
         # float16-held weights stay modules with plain state_dicts when packed together, so relayout need not say
-        fused = _int4_fused(mods) or _w4a8_fused(mods) or _half_fused(mods) or (_float_fused(mods) if relayout else None)
+        fused = (_int4_fused(mods) or _w4a8_fused(mods) or _half_fused(mods)
+                 or (_float_fused(mods) if relayout else None))
         if fused is not None:
             return fused
     return Fused(lambda x: tuple(m(x) for m in mods), None)

@@ -24,12 +24,12 @@ from .half_head import half_copy
 from .packed import PackedLinear, available as onednn_available
 from .quant import QuantLinear
 
-ROWS_CHECKED = (1, 5)
-BATCH_ROWS = 16  # a quantised kind's paths are also timed on this many rows: 16 concurrent sequences' decode step  # one row is what decode times; five catch a kernel that is only right for one
+ROWS_CHECKED = (1, 5)  # one row is what decode times; five catch a kernel that is only right for one
+BATCH_ROWS = 16  # a quantised kind's paths are also timed on this many rows: 16 concurrent sequences' decode step
 # max|y - truth| / max|truth| each path is documented to stay within:
 BF16_TOL = 2e-2  # bf16 activations, scales and outputs: 8 significant bits each, a few roundings deep
 HALF_COPY_TOL = 3e-3  # a float32 weight rounded to float16 (11 bits): ~5e-4 per weight, summed in float32
-W4A8_TOL = 2e-2  # int8 activations per group (kernels/cpu_w4a8.py): ~5e-3 measured, the bf16 path's bound
+W4A8_TOL = 2e-2  # int8 activations per block of 32 (kernels/cpu_w4a8.py): ~5e-3 measured, the bf16 path's bound
 FLOAT_TOL = {torch.float32: 1e-4, torch.float16: 5e-3, torch.bfloat16: 2e-2}  # the activation dtype's own
 
 
