@@ -121,6 +121,11 @@ def test_a_cpu_without_avx2_does_not_offer_it():
 
 def test_compiled_code_calls_the_op_and_gets_its_result():
     """`--compile` traces the op through its fake (shape and dtype only) and then runs the real one."""
+    from quantkit.runtime import build
+
+    # as compile_decode does: inductor's own cache mixes kernels built under other ISA caps (capped to AVX2
+    # after an uncapped run, this product's elementwise tail came back with only its first 8 lanes doubled)
+    build._inductor_cache_per_capability()
     m, _ = _module(64, 256, 64, True)
     kd.use_cpu_path(m, "cpu-w4a8")
     x = torch.randn(2, 256, generator=torch.Generator().manual_seed(5))
