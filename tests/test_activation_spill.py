@@ -115,3 +115,26 @@ def test_spilled_activations_leave_anonymous_memory():
     assert (kept["activations"], spilled["activations"]) == ("memory", "disk")
     set_bytes = kept["set_bytes"]
     assert spilled["peak"] < set_bytes and kept["peak"] - spilled["peak"] >= 1.25 * set_bytes, (kept, spilled)
+
+
+def test_learned_rounding_keeps_spilled_states_and_its_targets_on_disk(tmp_path, monkeypatch):
+    """Learned rounding reads every sample at every step; with the states spilled, its float32 copies are made on
+    read and its targets (the float layer's outputs) go to a file beside them, gone when the layer is done."""
+    from quantkit.solvers import signround
+
+    seen = []
+    block = signround._Block
+
+    class Watched(block):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            seen.append((type(self.hidden).__name__, type(self.refs).__name__, len(self.refs),
+                         sorted(p.name.split("-")[0] for p in (tmp_path / "acts").iterdir())))
+
+    monkeypatch.setattr(signround, "_Block", Watched)
+    recipe = Recipe.model_validate({"quant": {"method": "signround", "group_size": 32, "signround": {"iters": 2}}})
+    model = tiny_model("llama")
+    quantize_model(model, build_plan(model, recipe), _calib(4, 16), spill=Spill(tmp_path / "acts", cap=1))
+    assert seen and all(h == "_Mapped" and r == "DiskStates" and n == 4 and "signround" in files
+                        for h, r, n, files in seen), seen
+    assert not list((tmp_path / "acts").iterdir())

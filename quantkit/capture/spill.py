@@ -98,6 +98,50 @@ def subset(states, idx: list[int]):
     return [states[j] for j in idx]
 
 
+class _Mapped(Sequence):
+    """FN of each of a set's entries, computed as it is read."""
+
+    def __init__(self, states, fn):
+        self.states, self.fn = states, fn
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, j):
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        return self.fn(self.states[j])
+
+
+def _file_of(states) -> DiskStates | None:
+    base = states.states if isinstance(states, (_Subset, _Mapped)) else states
+    return _file_of(base) if isinstance(base, (_Subset, _Mapped)) else base if isinstance(base, DiskStates) else None
+
+
+def shapes(states) -> list[torch.Size]:
+    """Every entry's shape, without reading a spilled one back."""
+    if isinstance(states, DiskStates):
+        return [shape for _o, shape, _d in states._entries]
+    if isinstance(states, _Subset):
+        every = shapes(states.states)
+        return [every[j] for j in states.idx]
+    if isinstance(states, _Mapped):
+        return shapes(states.states)
+    return [t.shape for t in states]
+
+
+def mapped(states, fn):
+    """FN of every entry of STATES: computed now for states in memory, on each read for states on disk (a copy of
+    every sample, e.g. in float32 for learned rounding, must not bring them all back into memory)."""
+    return [fn(t) for t in states] if _file_of(states) is None else _Mapped(states, fn)
+
+
+def beside(states, name: str):
+    """An empty set kept the way STATES is: a list when it is in memory, a file NAME next to its file on disk."""
+    f = _file_of(states)
+    return [] if f is None else DiskStates(f.path.parent / name, f.device)
+
+
 class Spill:
     """Where each set of a run's hidden states goes: a list in memory, or a DiskStates file in FOLDER once
     decide() found both sets larger than SHARE of CAP bytes."""

@@ -18,6 +18,7 @@ on SmolLM2-135M they took 1.7x GPTQ's CPU time (docs/benchmarks.md, "Learned rou
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 from torch.func import functional_call
@@ -25,6 +26,7 @@ from torch.utils._pytree import tree_map
 
 from ..schemes import Scheme
 from ..capture import holdout as calib_holdout
+from ..capture import spill
 from ..distributed import Pool
 from .base import LayerTransform
 from .signround_options import SignRoundOptions
@@ -65,14 +67,21 @@ class _Block:
         self.work = copy.deepcopy(layer).float()
         for p in self.work.parameters():
             p.requires_grad_(False)
-        self.hidden = [h.float() for h in inputs.hidden]
+        # spilled calibration states (capture/spill.py) stay on disk: the float32 copies and the targets are read
+        # one sample at a time, and the targets are written beside them
+        self.hidden = spill.mapped(inputs.hidden, lambda h: h.float())
         self.kwargs = [_f32(kw) for kw in inputs.kwargs]
         self.paths = paths
-        self.batchable = all(h.shape == self.hidden[0].shape and h.shape[0] == 1 for h in self.hidden) and \
+        shapes = spill.shapes(inputs.hidden)
+        self.batchable = all(s == shapes[0] and s[0] == 1 for s in shapes) and \
             all(_same(kw, self.kwargs[0]) for kw in self.kwargs[1:])
+        self.refs = spill.beside(inputs.hidden, f"signround-targets-{os.getpid()}-{id(self)}.bin")
         with torch.no_grad():
-            refs = [_first(self.work(h, **kw)) for h, kw in zip(self.hidden, self.kwargs)]
-            self.refs = [r.float().detach() for r in refs]
+            for i, kw in enumerate(self.kwargs):
+                self.refs.append(_first(self.work(self.hidden[i], **kw)).float().detach())
+
+    def close(self) -> None:
+        spill.release(self.refs)
 
     def loss(self, idx: list[int], weights: dict) -> torch.Tensor:
         """Mean squared error over the samples IDX (each sample's mean, averaged)."""
@@ -164,9 +173,12 @@ class SignRoundTransform(LayerTransform):
         # none of the held-out samples still judges on its (empty) part of them, as the pooled losses need.
         judge = train if held is None else held
         held = held or []
-        initial, rtn_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
-        sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index)
-        final, learned_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
+        try:
+            initial, rtn_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
+            sign_descent(block, rounders, train, self.iters, self.lr, self.batch, seed=layer_index)
+            final, learned_held = block.mean_loss(train, rounders), block.mean_loss(judge, rounders)
+        finally:
+            block.close()
         keep = learned_held <= rtn_held
         common = {"signround_iters": self.iters, "signround_initial_loss": initial, "signround_final_loss": final,
                   "signround_heldout_rtn_loss": rtn_held, "signround_heldout_loss": learned_held,
