@@ -16,10 +16,11 @@ model); suite `gguf_qwen2` (bench/gguf_qwen2.py) makes the same table for a Qwen
 from __future__ import annotations
 
 import math
-import random
 import re
 import subprocess
 from pathlib import Path
+
+from .score import paired_ratio
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -56,16 +57,6 @@ def chunk_nll(running: list[float]) -> list[float]:
     scoring the same number of tokens): k ln p_k - (k - 1) ln p_(k-1)."""
     logs = [math.log(p) for p in running]
     return [(k + 1) * logs[k] - k * (logs[k - 1] if k else 0.0) for k in range(len(logs))]
-
-
-def paired_ratio(a: list[float], b: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Perplexity of A over B on the same chunks, exp(mean(a - b)), with a 95% bootstrap interval over chunks:
-    the two files read the same text, so their chunk-to-chunk variation cancels in the difference."""
-    d = [x - y for x, y in zip(a, b)]
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choice(d) for _ in d) / len(d) for _ in range(resamples))
-    lo, hi = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
-    return math.exp(sum(d) / len(d)), math.exp(lo), math.exp(hi)
 
 
 def _versus(ratio: tuple[float, float, float]) -> str:

@@ -29,6 +29,7 @@ SUITES = {
     "gguf_qwen2": "bench.gguf_qwen2",
     "capped_default": "bench.capped_default",
     "gptq_time": "bench.gptq_time",
+    "calib_size": "bench.calib_size",
 }
 
 # the instruction-set flags that choose CPU kernels (AVX-512 and AMX paths in torch, oneDNN and FBGEMM)
