@@ -116,7 +116,14 @@ def test_cli_quantise_time_and_memory_per_rank_count(cli):
     assert code == 0 and json.loads(out)["quantize"]["seconds"] is None
     code, _, err = cli("estimate", C8, "--ranks", "8")
     assert code == 0 and "quantise (gptq" in err and "peak memory per rank" in err
+    code, out, err = cli("estimate", C8, "--num-samples", "64", "--max-memory", "cpu=1GiB", "--json")
+    capped = json.loads(out)["quantize"]["memory"]
+    assert code == 0 and capped["activations_on_disk"] == one["memory"]["activations"]
+    assert capped["activations"] == one["memory"]["activations"] / 64  # one sample of each set in memory
+    code, _, err = cli("estimate", C8, "--num-samples", "64", "--max-memory", "cpu=1GiB")
+    assert code == 0 and "activations on disk" in err
     for bad, msg in ((["--ranks", "3", "--nodes", "2"], "share evenly"), (["--device", "tpu"], "unknown device"),
+                     (["--max-memory", "64G"], "--max-memory: '64G' is not a size"),
                      (["--method", "awq"], "modelled for --method"), (["--ranks", "200"], "cannot be shared")):
         code, _, err = cli("estimate", C8, *bad)
         assert code == 2 and msg in err, err

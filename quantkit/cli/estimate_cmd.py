@@ -1,6 +1,8 @@
 """`quantkit estimate`: roofline sizing of a model from its config alone."""
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from .common import app, console, emit_json
@@ -25,6 +27,7 @@ def estimate(
     device: str = typer.Option("cpu", "--device", help="Where each rank quantises: cpu (measured costs) or a --gpu name (memory only)."),
     num_samples: int = typer.Option(128, "--num-samples", help="Calibration samples of the run."),
     seq_len: int = typer.Option(512, "--seq-len", help="Tokens per calibration sample."),
+    max_memory: Optional[str] = typer.Option(None, "--max-memory", help="What each rank may hold, as quantize takes it (e.g. cpu=64GiB, or cuda=70GiB with --device h100): calibration activations past a quarter of it are counted on disk, as the run keeps them."),
     as_json: bool = typer.Option(False, "--json", help="Print the estimate as JSON on stdout."),
 ):
     """Weight bytes, KV bytes, GPUs needed and bandwidth-bound decode tokens/s, per precision.
@@ -39,7 +42,8 @@ def estimate(
     precisions = [p.strip().lower() for p in precision.split(",") if p.strip()]
     cfg = load_config(model)
     result = run(cfg, gpu, precisions, context, batch, kv_dtype.lower(), group_size)
-    result["quantize"] = quantize_estimate(cfg, method.lower(), num_samples, seq_len, ranks, nodes, device.lower())
+    result["quantize"] = quantize_estimate(cfg, method.lower(), num_samples, seq_len, ranks, nodes, device.lower(),
+                                           _cap(max_memory, device.lower()))
     if as_json:
         emit_json(result)
         return
@@ -60,9 +64,24 @@ def estimate(
                   f"tensor-core peak of the type the products run in[/]")
 
 
+def _cap(max_memory: str | None, device: str) -> int | None:
+    from ..errors import UserError
+    from ..recipe.memory_cap import cap_for, parse_max_memory
+
+    if max_memory is None:
+        return None
+    try:
+        return cap_for(parse_max_memory(max_memory), "cpu" if device == "cpu" else "cuda")
+    except ValueError as e:
+        raise UserError(f"--max-memory: {e}") from None
+
+
 def _print_run(q: dict) -> None:
     mem = q["memory"]
-    parts = ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k, v in mem.items() if k != "total")
+    parts = ", ".join(f"{k.replace('_', ' ')} {_gb(v)}" for k, v in mem.items()
+                      if k not in ("total", "activations_on_disk"))
+    if mem.get("activations_on_disk"):
+        parts += f"; activations on disk {_gb(mem['activations_on_disk'])}"
     time = "not measured for this device" if q["seconds"] is None else f"{q['seconds'] / 60:.1f} min"
     console.print(f"quantise ({q['method']}, {q['samples']} x {q['seq_len']} tokens, {q['ranks']} rank(s) on "
                   f"{q['nodes']} node(s), {q['device']}): about {time}; peak memory per rank {_gb(mem['total'])} "

@@ -136,16 +136,21 @@ def layer_time(s: Shape, method: str, samples: int, seq_len: int, ranks: int, c:
 
 
 def peak_bytes(s: Shape, method: str, samples: int, seq_len: int, ranks: int = 1, dtype_bytes: int = 2,
-               holdout: bool = True, group_size: int = 128) -> dict:
-    """Peak host (or device) bytes one process holds, by part: the layers stream from disk one at a time."""
+               holdout: bool = True, group_size: int = 128, cap: int | None = None) -> dict:
+    """Peak host (or device) bytes one process holds, by part: the layers stream from disk one at a time.
+    CAP: what --max-memory gives each process; activations that would take more than the run lets them
+    (capture/spill.py) are counted as the run holds them then, one sample at a time, and the rest as on disk."""
+    from ..capture.spill import SHARE
+
     lins = layer_linears(s)
     tokens = math.ceil(samples / ranks) * seq_len
+    on_disk = cap is not None and 2 * tokens * s.hidden * dtype_bytes > SHARE * cap
     parts = {
         "outside_layers": param_counts(s)["other"] * dtype_bytes - s.layers * s.other_params_per_layer() * dtype_bytes,
         # the layer as loaded plus its solvers' float32 copies of the weights
         "one_layer": layer_params(s) * (dtype_bytes + 4),
         # a layer's inputs and the outputs it is producing for the next layer, in the model's dtype
-        "activations": 2 * tokens * s.hidden * dtype_bytes,
+        "activations": 2 * (seq_len if on_disk else tokens) * s.hidden * dtype_bytes,
         "hessians": 0,
         # every solved Linear's codes and scales are kept until the checkpoint is written, then packed
         "output": s.layers * sum(result_bytes(lin, group_size) + lin.out * lin.inp // 2 for lin in lins),
@@ -162,11 +167,12 @@ def peak_bytes(s: Shape, method: str, samples: int, seq_len: int, ranks: int = 1
         work = max(4 * (2 * lin.inp ** 2 + 3 * lin.out * lin.inp) for lin in lins)
         parts["hessians"] = max(per_stage.values()) + work
     parts["total"] = sum(parts.values())
+    parts["activations_on_disk"] = 2 * tokens * s.hidden * dtype_bytes if on_disk else 0
     return parts
 
 
 def quantize_estimate(cfg: dict, method: str, samples: int, seq_len: int, ranks: int = 1, nodes: int = 1,
-                      device: str = "cpu") -> dict:
+                      device: str = "cpu", cap: int | None = None) -> dict:
     """Time (where constants are measured for DEVICE) and peak memory of a whole run, for `quantkit estimate`."""
     from .estimate import GPUS, shape_from_config
 
@@ -175,11 +181,11 @@ def quantize_estimate(cfg: dict, method: str, samples: int, seq_len: int, ranks:
     text = cfg.get("text_config", cfg) if "hidden_size" not in cfg else cfg
     dtype = str(text.get("torch_dtype") or text.get("dtype") or "bfloat16")
     return run_estimate(shape_from_config(cfg), method, samples, seq_len, ranks, nodes, device,
-                        DTYPE_BYTES.get(dtype, 2))
+                        DTYPE_BYTES.get(dtype, 2), cap)
 
 
 def run_estimate(s: Shape, method: str, samples: int, seq_len: int, ranks: int = 1, nodes: int = 1,
-                 device: str = "cpu", dtype_bytes: int = 2) -> dict:
+                 device: str = "cpu", dtype_bytes: int = 2, cap: int | None = None) -> dict:
     """Time (where constants are measured for DEVICE) and peak memory of a run of model shape S."""
     if method not in TIMED_METHODS:
         raise UserError(f"run time is modelled for --method {' or '.join(TIMED_METHODS)}; '{method}' is not "
@@ -195,7 +201,7 @@ def run_estimate(s: Shape, method: str, samples: int, seq_len: int, ranks: int =
     bandwidth = c.get("gloo_bytes_per_s", LINKS[link]) if c and nodes == 1 else LINKS[link]
     out = {"method": method, "samples": samples, "seq_len": seq_len, "ranks": ranks, "nodes": nodes,
            "device": device, "link": "gloo (measured)" if c and nodes == 1 else link, "link_bytes_per_s": bandwidth,
-           "memory": peak_bytes(s, method, samples, seq_len, ranks, dtype_bytes)}
+           "memory": peak_bytes(s, method, samples, seq_len, ranks, dtype_bytes, cap=cap)}
     if c is None:
         out.update(seconds=None, note=f"no time constants measured for '{device}' (only {', '.join(MEASURED)})")
         return out
