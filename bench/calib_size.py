@@ -11,7 +11,9 @@ disjoint evaluation part (64 windows x 256 tokens, 16,320 scored tokens):
   manuals  man pages rendered by man(1): calibration from bash(1), evaluation from find, tar, dpkg, apt-get,
            grep and sed.
 Each row quantises the embedded SmolLM2-135M (W4 g64 symmetric) with one method on N tokens (N / 256 samples) of
-one domain's calibration part and scores it on all three evaluation parts. Per (calibration domain, tokens),
+one domain's calibration part and scores it on all three evaluation parts; "awq+gptq, no prior" is AWQ+GPTQ with
+GPTQ's Hessian as measured (quant.gptq.prior_tokens=0), as it was before issue 43. A row takes 3-5 minutes on a
+2-core CPU (three 16k-token evaluations are ~2.5 of them), the whole suite about three hours. Per (calibration domain, tokens),
 the table gives each method's in-domain perplexity against the best method's there, and its perplexity on
 the two other domains against plain RTN's (full range, no data), each as a ratio with its interval. The
 default's rule (quantkit/auto_method.py) must be within 1% of the best in-domain and never worse than RTN
@@ -49,7 +51,10 @@ DOMAINS = {
     "manuals": {"calib": ("bash",), "eval": ("find", "tar", "dpkg", "apt-get", "grep", "sed")},
 }
 TOKENS = (2048, 8192, 32768)
-METHODS = ("awq", "gptq", "awq+gptq")
+# each method as a user asks for it, and AWQ+GPTQ as it was before GPTQ's decorrelation prior
+METHODS = {"awq": {"quant.method": "awq"}, "gptq": {"quant.method": "gptq"},
+           "awq+gptq": {"quant.method": "awq+gptq"},
+           "awq+gptq, no prior": {"quant.method": "awq+gptq", "quant.gptq.prior_tokens": 0}}
 ROWS = [{"name": f"{d} {n} {m}", "domain": d, "tokens": n, "method": m}
         for n in TOKENS for d in DOMAINS for m in METHODS]
 QUICK = {"windows": 4, "tokens": 512}
@@ -121,7 +126,7 @@ def _measure(key, model_path, calib, evals, commit, windows) -> dict:
     model = quantkit.load(model_path, exact=True, dtype=torch.float32)
     row = {"commit": commit, "method": method, "domain": domain, "tokens": tokens, "windows": windows}
     if method != "float":
-        recipe = apply_overrides(Recipe(), {**W4G64, "quant.method": method})
+        recipe = apply_overrides(Recipe(), {**W4G64, **METHODS.get(method, {"quant.method": method})})
         t = time.perf_counter()
         quantize_model(model, build_plan(model, recipe), calib)
         row["seconds"] = round(time.perf_counter() - t, 1)
@@ -151,7 +156,7 @@ def table(measured: dict, config) -> list[dict]:
     for tokens, domain in cells:
         here = {k[0]: measured[k]["window_nll"] for k in measured if k[1:] == (domain, tokens)}
         best = min(here, key=lambda m: sum(here[m][domain]))
-        auto = choose_method(config, "w4a16", [], calib_tokens=tokens)[0]
+        auto = choose_method(config, "w4a16", [])[0]  # a method as users name it, so never a variant
         for method, nll in here.items():
             row = {"calibration": domain, "tokens": tokens, "method": method + (" (auto)" if method == auto else ""),
                    "in-domain ppl": round(_ppl(nll[domain]), 3),

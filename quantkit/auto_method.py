@@ -1,28 +1,25 @@
-"""What `--method auto` (the default) means: the solver measured best for the scheme, the architecture and the
-amount of calibration text.
+"""What `--method auto` (the default) means: the solver measured best for the scheme and the architecture.
 
-The rule comes from docs/benchmarks.md ("The default method"), SmolLM2-135M W4 g64 scored on three texts no
-calibration source contains. With the default calibration (128 x 512 tokens the model samples itself) AWQ then
-GPTQ closed 58-71% of the RTN-to-float gap on every text, AWQ alone 42-56%, GPTQ alone less. With a few
-thousand tokens of one domain GPTQ fits that domain and loses to RTN on the others, while AWQ never fell below
-RTN: so below GPTQ_MIN_TOKENS calibration tokens the choice is AWQ alone. For 8-bit integer weights RTN is
-within 0.3% of float, so a calibration pass buys nothing. FP8 and FP4 keep RTN: GPTQ's gain there was measured
-on in-domain text only, and AWQ searches on an integer grid. An architecture with no AWQ map gets RTN.
+The rule comes from docs/benchmarks.md. With the default calibration (128 x 512 tokens the model samples itself)
+AWQ then GPTQ closed 58-71% of the RTN-to-float gap on three texts no calibration source contains, AWQ alone
+42-56%, GPTQ alone less ("The default method"). With a few thousand tokens of one domain GPTQ used to fit that
+domain and lose to RTN on the others, and auto then chose AWQ alone; since GPTQ's Hessian gives up prior / (prior
++ tokens) of its off-diagonal part (solvers/decorrelation.py), AWQ+GPTQ calibrated on 2,048 tokens of each of
+three domains is the best in-domain and beats RTN on the other two, AWQ alone by 2-8% ("GPTQ at every calibration
+size", suite `calib_size`): one choice at every calibration size. For 8-bit integer weights RTN is within 0.3% of
+float, so a calibration pass buys nothing. FP8 and FP4 keep RTN: GPTQ's gain there was measured on in-domain text
+only, and AWQ searches on an integer grid. An architecture with no AWQ map gets RTN.
 """
 from __future__ import annotations
 
 from .schemes import get_scheme
 
 AUTO = "auto"
-# calibration tokens from which AWQ+GPTQ beat AWQ alone on every held-out text (docs/benchmarks.md)
-GPTQ_MIN_TOKENS = 32768
 
 
-def choose_method(config, scheme_name: str, target_schemes: list[str], bits: float | None = None,
-                  calib_tokens: int = GPTQ_MIN_TOKENS) -> tuple[str, str]:
+def choose_method(config, scheme_name: str, target_schemes: list[str], bits: float | None = None) -> tuple[str, str]:
     """(method, why) for `auto` on a model with CONFIG; why is the one line quantkit.json and the CLI show.
-    bits: the recipe's bit budget, which spends 3, 4 and 8-bit integer widths (plan._bit_budget);
-    calib_tokens: calibration samples x tokens per sample."""
+    bits: the recipe's bit budget, which spends 3, 4 and 8-bit integer widths (plan._bit_budget)."""
     from .solvers.awq_maps import map_for
 
     schemes = [get_scheme(n) for n in (scheme_name, *target_schemes)]
@@ -35,11 +32,8 @@ def choose_method(config, scheme_name: str, target_schemes: list[str], bits: flo
     # the map, not the model type: a mapped type can still have no map for some configs (post-norm OPT)
     if map_for(config) is None:
         return "rtn", f"auto: rtn (AWQ has no scaling map for this '{model_type}' model)"
-    if calib_tokens < GPTQ_MIN_TOKENS:
-        return "awq", (f"auto: awq ({scheme_name} on '{model_type}' with {calib_tokens} calibration tokens: GPTQ "
-                       f"on fewer than {GPTQ_MIN_TOKENS} fitted its calibration domain and lost to RTN on others)")
-    return "awq+gptq", (f"auto: awq+gptq ({scheme_name} on '{model_type}' with {calib_tokens} calibration tokens: "
-                        "the measured best for integer weights of 4 bits or fewer)")
+    return "awq+gptq", (f"auto: awq+gptq ({scheme_name} on '{model_type}': the measured best for integer weights "
+                        "of 4 bits or fewer, at every calibration size)")
 
 
 def resolve(recipe, config):
@@ -47,8 +41,7 @@ def resolve(recipe, config):
     q = recipe.quant
     if q.method != AUTO:
         return recipe, None
-    c = recipe.calibration
-    method, why = choose_method(config, q.scheme, [t.scheme for t in q.targets], q.bits, c.num_samples * c.seq_len)
+    method, why = choose_method(config, q.scheme, [t.scheme for t in q.targets], q.bits)
     out = recipe.model_copy(deep=True)
     out.quant.method = method
     return out, why

@@ -7,8 +7,9 @@ import torch
 
 from quantkit.recipe import Recipe
 from quantkit.schemes import Scheme
-from quantkit.solvers.awq_clip import (CLIP_DAMP, CLIP_PRIOR_TOKENS, GramAccumulator, apply_clip, decorrelation,
-                                       search_clip)
+from quantkit.solvers.awq_clip import CLIP_DAMP, GramAccumulator, apply_clip, search_clip
+from quantkit.solvers.awq_options import CLIP_PRIOR_TOKENS
+from quantkit.solvers.decorrelation import decorrelation
 from quantkit.solvers.rtn import rtn_quantize
 
 
@@ -55,9 +56,9 @@ def test_decorrelation_falls_as_the_calibration_text_grows():
     """Half the off-diagonal part at as many tokens as the prior, all of it with none, less with every token
     more, none with the prior off."""
     assert Recipe().quant.awq.clip_prior_tokens == CLIP_PRIOR_TOKENS  # the recipe's default is this prior
-    assert decorrelation(CLIP_PRIOR_TOKENS) == 0.5 and decorrelation(0) == 1.0
+    assert decorrelation(CLIP_PRIOR_TOKENS, CLIP_PRIOR_TOKENS) == 0.5 and decorrelation(0, CLIP_PRIOR_TOKENS) == 1.0
     assert decorrelation(500, prior=0) == 0.0  # off
-    shares = [decorrelation(t) for t in (100, 2048, 8192, 65536)]
+    shares = [decorrelation(t, CLIP_PRIOR_TOKENS) for t in (100, 2048, 8192, 65536)]
     assert shares == sorted(shares, reverse=True) and shares[-1] < 0.05
 
 

@@ -151,12 +151,13 @@ REFERENCE_CASES = [
 
 
 def _tie_free_case(bits, sym, gs, actorder, static, dead, scale_dtype, full, seed0=1000, out=8, n=16, tokens=64,
-                   balance=False):
+                   balance=False, prior=0):
     """(w, H, reference) for the first seed whose reference sees no value within 1e-4 of a rounding tie.
 
     Near a tie (w/s within float32 noise of k + 0.5) float32 and float64 may legitimately round apart and then
     diverge; such inputs are not a disagreement about the algorithm. float32 noise after the columns' updates is
-    ~1e-6 in w/s, 100x below that margin. balance: H of the tokens scaled to unit RMS, as GPTQSolver takes them."""
+    ~1e-6 in w/s, 100x below that margin. balance: H of the tokens scaled to unit RMS, as GPTQSolver takes them;
+    prior: its off-diagonal entries then scaled by tokens / (prior + tokens), as GPTQSolver solves with them."""
     for seed in range(20):
         g = torch.Generator().manual_seed(seed0 + seed)
         x = correlated_inputs(g, tokens, n)
@@ -166,7 +167,10 @@ def _tie_free_case(bits, sym, gs, actorder, static, dead, scale_dtype, full, see
         if balance:
             x64 = x.double()
             x64 = x64 / x64.pow(2).mean(-1, keepdim=True).sqrt()
-            H = (2 * x64.t() @ x64 / tokens).float()
+            H64 = 2 * x64.t() @ x64 / tokens
+            off = ~torch.eye(n, dtype=torch.bool)
+            H64[off] *= tokens / (prior + tokens)
+            H = H64.float()
         else:
             H = hessian(x)
         ref = obq_reference(w, H, bits, sym, gs, actorder, static, scale_dtype=scale_dtype, full=full)
@@ -197,8 +201,9 @@ def test_matches_float64_obq_reference(bits, sym, gs, actorder, static, block, d
 
 def test_default_gptq_a_user_gets_matches_the_float64_reference():
     """The solver, scheme and options `quantkit quantize --method gptq` builds (recipe defaults through the plan:
-    w4a16, the full-range grid, act-order weight with static groups, 1% damping, float16 scales for a float32
-    model, block 128) on a Linear of a tiny model, against the float64 reference of the same algorithm."""
+    w4a16, the full-range grid, act-order weight with static groups, 1% damping, the Hessian's decorrelation
+    prior, float16 scales for a float32 model, block 128) on a Linear of a tiny model, against the float64
+    reference of the same algorithm."""
     from helpers import tiny_model
     from quantkit.plan import build_plan
     from quantkit.recipe import Recipe
@@ -212,7 +217,7 @@ def test_default_gptq_a_user_gets_matches_the_float64_reference():
     gs = n if sch.group_size == -1 else sch.group_size
     w, x, _H, (codes, deq, scales, _m) = _tie_free_case(4, True, gs, "weight", own.static_groups, None,
                                                         opts.scale_dtype, True, seed0=77, out=16, n=n,
-                                                        tokens=4 * n, balance=True)
+                                                        tokens=4 * n, balance=True, prior=own.prior_tokens)
     solver = plan.make_solver(name, w)
     solver.add_batch(x[: 3 * n])
     solver.add_batch(x[3 * n:])
@@ -221,6 +226,8 @@ def test_default_gptq_a_user_gets_matches_the_float64_reference():
     torch.testing.assert_close(qw.scale.double(), scales, rtol=1e-5, atol=0)
     torch.testing.assert_close(qw.dequantize().double(), deq, rtol=1e-5, atol=1e-7)
     assert bool((qw.scale < 0).any())  # the default grid really is the full-range one
+    assert own.prior_tokens > 0 and qw.stats["hessian_decorrelate"] == round(own.prior_tokens / (own.prior_tokens
+                                                                                                 + 4 * n), 4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,7 +281,10 @@ def test_solver_accumulates_running_hessian_over_uneven_batches():
     # summed in float64: only the float32 normalisation of each token and the final rounding to float32 remain
     torch.testing.assert_close(solver.hessian().double(), expected, rtol=1e-6, atol=1e-6 * float(expected.abs().max()))
     qw = solver.solve()
-    direct = gptq_quantize(w, expected.float(), scheme(4, True, 16), block_size=8, actorder="weight")
+    shrunk = expected.clone()  # and solved with the default prior's share of the off-diagonal part given up
+    off = ~torch.eye(32, dtype=torch.bool)
+    shrunk[off] *= 300 / (GPTQOptions().prior_tokens + 300)
+    direct = gptq_quantize(w, shrunk.float(), scheme(4, True, 16), block_size=8, actorder="weight")
     assert torch.equal(qw.q, direct.q)
     assert qw.stats["tokens"] == 300
 

@@ -1,5 +1,6 @@
 """GPTQ's held-out guard (issue 23.2): act-order and GPTQ itself are checked on calibration samples kept out of
 the Hessian, and a Linear keeps GPTQ-as-asked, GPTQ without act-order or RTN, whichever does best there."""
+import pytest
 import torch
 
 from test_awq import tiny_model
@@ -16,7 +17,8 @@ from quantkit.solvers.rtn import rtn_quantize
 
 W4 = Scheme("w4a16", 4, "int", True, 32)
 OPTS = SolveOptions(scale_dtype=torch.float32)
-GPTQ = GPTQOptions(actorder="weight")
+# the guard judged on the Hessian as measured; with the decorrelation prior: test_a_gptq_winner_is_refitted_...
+GPTQ = GPTQOptions(actorder="weight", prior_tokens=0)
 
 
 def _err64(w, deq, H):
@@ -36,11 +38,11 @@ def _mixing(seed):
     return torch.randn(64, 64, generator=gen) / 8 + torch.eye(64)
 
 
-def _solve(search_mix, hold_mix, seed=0):
+def _solve(search_mix, hold_mix, seed=0, prior=0):
     """GPTQSolver fed four search batches and two held-out batches; returns w, its result and the batches."""
     gen = torch.Generator().manual_seed(seed)
     w = torch.randn(32, 64, generator=gen)
-    s = GPTQSolver("lin", w, W4, OPTS, GPTQ)
+    s = GPTQSolver("lin", w, W4, OPTS, GPTQOptions(actorder="weight", prior_tokens=prior))
     search = [torch.randn(64, 64, generator=gen) @ search_mix for _ in range(4)]
     hold = [torch.randn(64, 64, generator=gen) @ hold_mix for _ in range(2)]
     for x in search:
@@ -50,16 +52,20 @@ def _solve(search_mix, hold_mix, seed=0):
     return w, s.solve(), search, hold
 
 
-def _hessian64(xs):
+def _hessian64(xs, prior=0):
+    """The balanced tokens' Hessian, its off-diagonal part scaled by tokens / (prior + tokens)."""
     x = _balanced(torch.cat(xs).double())
-    return 2 * x.t() @ x / x.shape[0]
+    H = 2 * x.t() @ x / x.shape[0]
+    H[~torch.eye(H.shape[0], dtype=torch.bool)] *= x.shape[0] / (prior + x.shape[0])
+    return H
 
 
-def _expected(w, search, hold):
+def _expected(w, search, hold, prior=0):
     """The guard's rule recomputed here: the three candidates from the search tokens' Hessian, each one's output
-    error on the held-out tokens in float64, the lowest kept (act-order weight, what was asked, on a tie); a GPTQ
-    winner solved again from every token in its own order. Returns (label, errors, dequantised weights)."""
-    H = _hessian64(search).float()
+    error on the held-out tokens (as measured) in float64, the lowest kept (act-order weight, what was asked, on a
+    tie); a GPTQ winner solved again from every token in its own order. PRIOR: the solves' decorrelation prior.
+    Returns (label, errors, dequantised weights)."""
+    H = _hessian64(search, prior).float()
     cands = {"act-order weight": gptq_quantize(w, H, W4, actorder="weight", scale_dtype=torch.float32),
              "act-order off": gptq_quantize(w, H, W4, scale_dtype=torch.float32),
              "rtn": rtn_quantize(w, W4, scale_dtype=torch.float32)}
@@ -69,7 +75,7 @@ def _expected(w, search, hold):
     assert runner_up > errors[label] * (1 + 1e-3), errors  # a clear winner: float32 noise cannot swap it
     if label == "rtn":
         return label, errors, cands["rtn"].dequantize()
-    refit = gptq_quantize(w, _hessian64(search + hold).float(), W4, scale_dtype=torch.float32,
+    refit = gptq_quantize(w, _hessian64(search + hold, prior).float(), W4, scale_dtype=torch.float32,
                           actorder="weight" if label == "act-order weight" else None)
     return label, errors, refit.dequantize()
 
@@ -90,13 +96,17 @@ def test_choose_keeps_the_lowest_held_out_error_measured_in_float64():
     assert (qw.stats["gptq_guard"] is None) == (label == "act-order weight")
 
 
-def test_a_gptq_winner_is_refitted_on_every_token():
-    w, qw, search, hold = _solve(_mixing(1), _mixing(1))  # held-out text like the calibration text: GPTQ wins
-    label, _errors, want = _expected(w, search, hold)
+@pytest.mark.parametrize("prior", [0, 256])
+def test_a_gptq_winner_is_refitted_on_every_token(prior):
+    """With a decorrelation prior, the candidates are solved with the share 256 search tokens give and the refit
+    with the share of all 384."""
+    w, qw, search, hold = _solve(_mixing(1), _mixing(1), prior=prior)  # held-out like calibration: GPTQ wins
+    label, _errors, want = _expected(w, search, hold, prior)
     assert label != "rtn" and qw.stats["holdout_tokens"] == 128 and qw.stats["tokens"] == 384
+    assert qw.stats["hessian_decorrelate"] == round(prior / (prior + 384), 4)
     torch.testing.assert_close(qw.dequantize(), want, rtol=0, atol=1e-5)
     # and it is not the fit from the 256 calibration tokens alone
-    alone = gptq_quantize(w, _hessian64(search).float(), W4, scale_dtype=torch.float32,
+    alone = gptq_quantize(w, _hessian64(search, prior).float(), W4, scale_dtype=torch.float32,
                           actorder="weight" if label == "act-order weight" else None)
     assert not torch.equal(qw.dequantize(), alone.dequantize())
 

@@ -33,12 +33,12 @@ def test_build_plan_alone_gives_what_a_quantize_run_records(tmp_path, cli):
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     plan = build_plan(model, _recipe(None, [], {**FLAGS, "model": str(src)}))
-    # the rule itself, asked directly: 4 x 32 calibration tokens are too few for GPTQ
-    method, why = choose_method(model.config, "w4a16", [], 4.2, 4 * 32)
-    assert (plan.method, plan.method_reason) == (method, why) == ("awq", why)
-    assert plan.recipe.quant.method == meta["recipe"]["quant"]["method"] == "awq"
+    # the rule itself, asked directly
+    method, why = choose_method(model.config, "w4a16", [], 4.2)
+    assert (plan.method, plan.method_reason) == (method, why) == ("awq+gptq", why)
+    assert plan.recipe.quant.method == meta["recipe"]["quant"]["method"] == "awq+gptq"
     assert meta["method_reason"] == plan.method_reason
-    assert plan.awq is not None and plan.gptq is None and plan.signround is None and plan.smooth is None
+    assert plan.awq is not None and plan.gptq is not None and plan.signround is None and plan.smooth is None
     assert {n: s.to_dict() for n, s in plan.schemes.items()} == {n: r["scheme"] for n, r in meta["layers"].items()}
     assert len({s.num_bits for s in plan.schemes.values()}) > 1  # the budget really mixed widths
     assert plan.bit_budget == meta["bit_budget"]

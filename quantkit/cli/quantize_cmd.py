@@ -83,7 +83,7 @@ def quantize(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty OUT."),
     recipe: Optional[str] = typer.Option(None, "--recipe", help="Recipe YAML; --set and the options here override it."),
     scheme: Optional[str] = typer.Option(None, help="w4a16, w8a16, w3a16 (group 64), w2a16 (group 32), fp8, fp8-dynamic, w8a8 (INT8 weights and per-token activations), w8a8-static, nvfp4 or mxfp4 (4-bit float weights), nvfp4-a4 (4-bit float weights and activations)."),
-    method: Optional[str] = typer.Option(None, help="auto (default: awq+gptq for 4-bit-or-fewer integer weights on a mapped architecture, awq alone below 32768 calibration tokens, else rtn), rtn, gptq, awq, awq+gptq or signround (learned rounding)."),
+    method: Optional[str] = typer.Option(None, help="auto (default: awq+gptq for 4-bit-or-fewer integer weights on a mapped architecture, else rtn), rtn, gptq, awq, awq+gptq or signround (learned rounding)."),
     group_size: Optional[int] = typer.Option(None, "--group-size", help="32, 64, 128 or -1 (per channel)."),
     bits: Optional[float] = typer.Option(None, "--bits", help="Average bits per weight, scales included (e.g. 4.5): each Linear gets 3, 4 or 8 bits by its measured rounding sensitivity."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Calibration data: dataset name, file, folder or 'self' (default)."),

@@ -76,8 +76,8 @@ class QuantOptions(_WithGroupSize):
     scheme: SchemeName = Field("w4a16", description="Default scheme for every targeted Linear.")
     # 'auto' by default: the measured best per scheme and architecture (auto_method.py, docs/benchmarks.md)
     method: Method = Field("auto", description="Solver: auto, rtn, gptq, awq, awq+gptq or signround. 'auto': for "
-                           "integer weights of 4 bits or fewer on an architecture AWQ has a map for, awq+gptq (awq "
-                           "below 32768 calibration tokens); else rtn.")
+                           "integer weights of 4 bits or fewer on an architecture AWQ has a map for, awq+gptq; "
+                           "else rtn.")
     group_size: int | None = Field(
         None, description="32, 64, 128 or -1 (per channel); empty = the scheme's (128 for w4a16), or the "
                           "largest of 64, 32 dividing every targeted layer's width.")

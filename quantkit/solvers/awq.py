@@ -32,7 +32,8 @@ from ..capture.layer import feed_group, split_inputs
 from .. import heap
 from ..errors import UserError
 from ..schemes import Scheme, scale_dtype_for
-from .awq_clip import GramAccumulator, apply_clip, decorrelation, group_width, search_clip
+from .awq_clip import GramAccumulator, apply_clip, group_width, search_clip
+from .decorrelation import decorrelation
 from .awq_fold import fold_scales, prev_width
 from .awq_block import _capture_group, _GroupData, quantised_error
 from .awq_guard import guard_clip, held_out_grams, scale_guard

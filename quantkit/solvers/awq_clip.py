@@ -8,8 +8,9 @@ so every calibration token counts. Cross-group terms are left out, as each group
 Three choices make the clip carry over to text other than the calibration's (docs/benchmarks.md, "Every token
 counts the same" and "A clip that carries across domains"): each token's input is scaled to unit RMS before it
 enters G, so a few tokens with outsized activations do not decide every range; G's off-diagonal part is shrunk
-towards zero by decorrelation(tokens), because how a group's channels move together is a trait of the calibration
-text's domain while how large each channel is carries to other text: G is estimated as if CLIP_PRIOR_TOKENS more
+towards zero by decorrelation(tokens) (decorrelation.py, the rule GPTQ's Hessian follows too), because how a
+group's channels move together is a trait of the calibration text's domain while how large each channel is
+carries to other text: G is estimated as if CLIP_PRIOR_TOKENS (awq_options.py) more
 tokens had uncorrelated channels (a covariance shrunk towards its diagonal, the weight of the target falling as
 the calibration text grows); and G is damped towards its mean diagonal (ridge, CLIP_DAMP of it), so a direction
 the calibration text never excites still costs something when a clip moves weight along it.
@@ -20,7 +21,6 @@ import torch
 
 from ..distributed import Pool
 from ..schemes import Scheme
-from .awq_options import CLIP_PRIOR_TOKENS
 from .base import unit_rms
 from .rtn import dequantize_groups, qparams, quantize_groups
 
@@ -30,11 +30,6 @@ def group_width(scheme: Scheme, in_features: int) -> int:
 
 
 CLIP_DAMP = 0.1
-
-
-def decorrelation(tokens: int, prior: int = CLIP_PRIOR_TOKENS) -> float:
-    """The share of the Gram's off-diagonal part given up when it was measured on TOKENS tokens."""
-    return prior / (prior + tokens) if prior else 0.0
 
 
 class GramAccumulator:

@@ -10,6 +10,13 @@ from pydantic_core import PydanticCustomError
 from .options import StrictOptions
 
 
+# the Hessian's decorrelation prior (decorrelation.py). 2048, the AWQ clip's prior: calibrated on 2,048 tokens of
+# code, quotes or man pages (a share of 0.5), AWQ+GPTQ became the best method in-domain (1-2% below AWQ+GPTQ
+# without it) and beat RTN on both other domains, where without it it lost to RTN by 2.8% (code -> quotes); on
+# the default 65,536 tokens the share is 0.03 (docs/benchmarks.md, "GPTQ at every calibration size")
+PRIOR_TOKENS = 2048
+
+
 class GPTQOptions(StrictOptions):
     """GPTQ: Hessian-based error compensation, column by column (method gptq or awq+gptq)."""
 
@@ -21,6 +28,10 @@ class GPTQOptions(StrictOptions):
         "weight", description="'weight': quantise columns by decreasing Hessian diagonal, groups kept in order "
                            "(no g_idx, loads everywhere). Integer schemes only; FP8 GPTQ keeps column order.")
     static_groups: bool = Field(True, description="Fix group scales before reordering (no g_idx with 'weight').")
+    prior_tokens: int = Field(PRIOR_TOKENS, ge=0, description="The solve drops prior / (prior + tokens) of the "
+                              "Hessian's off-diagonal part, tokens being those it was measured on: a few thousand "
+                              "tokens of one domain do not fit GPTQ to that domain's channel correlations (0: the "
+                              "Hessian as measured).")
 
     @field_validator("actorder", mode="before")
     @classmethod

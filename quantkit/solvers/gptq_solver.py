@@ -11,6 +11,7 @@ from ..qweight import QWeight
 from ..schemes import Scheme
 from . import gptq_guard
 from .base import LinearSolver, SolveOptions, unit_rms
+from .decorrelation import decorrelation, toward_diagonal
 from .gptq import _check_finite, gptq_quantize, round_to_nearest
 from .gptq_options import GPTQOptions
 
@@ -24,6 +25,8 @@ class GPTQSolver(LinearSolver):
     pipeline sends to add_holdout judges the solve, gptq_guard.py); options: what every solver
     shares (scale dtype, clip search). balance_tokens: every token enters H at unit RMS (base.py:
     unit_rms); on SmolLM2 it took GPTQ from 33/11/35% of the RTN gap on three held-out texts to 70/50/57%.
+    The solve reads H with prior / (prior + tokens) of its off-diagonal part given up (decorrelation.py): on a
+    few thousand tokens GPTQ then leans less on one domain's channel correlations; on many it is plain GPTQ.
     """
 
     needs_data = True
@@ -44,6 +47,7 @@ class GPTQSolver(LinearSolver):
         self.H: torch.Tensor | None = None
         self.H_hold: torch.Tensor | None = None
         self.tokens, self.hold_tokens = 0, 0
+        self.decorrelate = 0.0  # the share of H's off-diagonal part the last solve gave up
         self.gptq = gptq or GPTQOptions()
 
     def _accumulate(self, S: torch.Tensor, seen: int, x: torch.Tensor) -> int:
@@ -108,7 +112,9 @@ class GPTQSolver(LinearSolver):
 
     def _gptq(self, actorder: str | None) -> QWeight:
         o, g = self.options, self.gptq
-        return gptq_quantize(self.weight, self.H, self.scheme, damp=g.damp, block_size=g.block_size,
+        self.decorrelate = decorrelation(self.tokens, g.prior_tokens)
+        H = toward_diagonal(self.H, self.decorrelate)
+        return gptq_quantize(self.weight, H, self.scheme, damp=g.damp, block_size=g.block_size,
                              actorder=actorder, static_groups=g.static_groups, scale_dtype=o.scale_dtype,
                              clip_search=o.clip_search, name=self.name)
 
@@ -138,6 +144,6 @@ class GPTQSolver(LinearSolver):
         qw = self._gptq(actorder)
         if self.hold_tokens and qw.stats.get("fallback") is None:
             qw = self._guarded(actorder, qw)
-        qw.stats["tokens"] = self.tokens
+        qw.stats.update(tokens=self.tokens, hessian_decorrelate=round(self.decorrelate, 4))
         self.H = self.H_hold = None  # the Hessians can be large (in² floats); free them once the layer is done
         return qw
