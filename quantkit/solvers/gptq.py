@@ -118,7 +118,7 @@ def gptq_quantize(w: torch.Tensor, H: torch.Tensor, scheme: Scheme, damp: float 
         if static:
             grid.fix_all(W, Hp.diagonal().clone())
     order = _order(Hp, actorder, gs)
-    W, Hp = W[:, order.perm], Hp[order.perm][:, order.perm]
+    W, Hp = W[:, order.perm], Hp[order.perm[:, None], order.perm]  # one gather: one in² copy, not two
     U, used = factor(Hp, damp, name)
     if U is None:
         return _fallback(w0, H0, scheme, clip_search, scale_dtype, used, int(dead.sum()), name, t0)

@@ -28,9 +28,14 @@ def inverse_cholesky(H: torch.Tensor, damp: float) -> torch.Tensor | None:
     Hd = H.clone()
     Hd.diagonal().add_(damp * H.diagonal().mean())
     L, info = torch.linalg.cholesky_ex(Hd)
+    # each in² intermediate is let go as soon as the next is made: on a wide down_proj they are the solve's peak
+    del Hd
     if int(info) != 0:
         return None
-    U, info = torch.linalg.cholesky_ex(torch.cholesky_inverse(L), upper=True)
+    inverse = torch.cholesky_inverse(L)
+    del L
+    U, info = torch.linalg.cholesky_ex(inverse, upper=True)
+    del inverse
     if int(info) != 0 or not bool(torch.isfinite(U).all()):
         return None
     return U
