@@ -11,7 +11,7 @@ from .options import StrictOptions
 
 
 # the Hessian's decorrelation prior (decorrelation.py). 2048, the AWQ clip's prior: calibrated on 2,048 tokens of
-# code, quotes or man pages (a share of 0.5), AWQ+GPTQ became the best method in-domain (1-2% below AWQ+GPTQ
+# code, quotes or man pages (a share of 0.5), AWQ+GPTQ became the best method in-domain (1.1-2.3% below AWQ+GPTQ
 # without it) and beat RTN on both other domains, where without it it lost to RTN by 2.8% (code -> quotes); on
 # the default 65,536 tokens the share is 0.03 (docs/benchmarks.md, "GPTQ at every calibration size")
 PRIOR_TOKENS = 2048
