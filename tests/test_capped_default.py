@@ -2,7 +2,8 @@
 below its float model and holds at most the cap. The cap was 448MiB until the float model's openings
 (models/streamed_forward.py): since then the solving stage peaked at 427-450 MiB there (it was 407-420; cause not
 found), so 448MiB left no margin and 480MiB keeps the ~30 MiB it had; since the heap is also trimmed after each
-calibration pass and AWQ search (quantkit/heap.py) the solving stage peaks near 370 MiB, below sampling's ~410. (Its score against the uncapped default is
+calibration pass and AWQ search (quantkit/heap.py) the solving stage peaked near 370 MiB, below sampling's ~410;
+since `auto` runs AWQ+GPTQ at every calibration size, GPTQ's Hessians take it to ~455 MiB (docs/distributed.md). (Its score against the uncapped default is
 the benchmark's, `python -m bench capped_default`: one seed's text says little, and five seeds both ways take ten
 minutes.)
 
