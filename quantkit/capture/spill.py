@@ -114,8 +114,9 @@ class _Mapped(Sequence):
 
 
 def _file_of(states) -> DiskStates | None:
-    base = states.states if isinstance(states, (_Subset, _Mapped)) else states
-    return _file_of(base) if isinstance(base, (_Subset, _Mapped)) else base if isinstance(base, DiskStates) else None
+    while isinstance(states, (_Subset, _Mapped)):
+        states = states.states
+    return states if isinstance(states, DiskStates) else None
 
 
 def shapes(states) -> list[torch.Size]:
