@@ -23,6 +23,7 @@ SAMPLES = {
     "quant.smoothquant.alpha": ("0.5", 0.5),
     "quant.gptq.damp": ("0.05", 0.05), "quant.gptq.block_size": ("64", 64), "quant.gptq.actorder": ("off", "off"),
     "quant.gptq.static_groups": ("false", False),
+    "quant.gptq.prior_tokens": ("0", 0),
     "quant.awq.grid": ("7", 7), "quant.awq.duo": ("true", True), "quant.awq.clip": ("false", False),
     "quant.awq.search_tokens": ("512", 512), "quant.awq.fallback": ("rtn", "rtn"), "quant.awq.min_gain": ("0.05", 0.05),
     "quant.awq.clip_prior_tokens": ("0", 0),
