@@ -18,7 +18,8 @@ def decorrelation(tokens: int, prior: int) -> float:
 
 
 def toward_diagonal(gram: torch.Tensor, share: float) -> torch.Tensor:
-    """A copy of GRAM ([n, n]) with its off-diagonal entries scaled by 1 - SHARE and its diagonal as it was."""
+    """A copy of GRAM ([n, n]) with its off-diagonal entries scaled by 1 - SHARE and its diagonal as it was
+    (GRAM itself when SHARE is 0)."""
     if not share:
         return gram
     out = gram * (1.0 - share)
