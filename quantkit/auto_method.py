@@ -6,9 +6,9 @@ AWQ then GPTQ closed 58-71% of the RTN-to-float gap on three texts no calibratio
 domain and lose to RTN on the others, and auto then chose AWQ alone; since GPTQ's Hessian gives up prior / (prior
 + tokens) of its off-diagonal part (solvers/decorrelation.py), AWQ+GPTQ calibrated on 2,048 tokens of each of
 three domains is the best in-domain (AWQ alone 5.9-7.7% worse there) and beats RTN on the other two ("GPTQ at
-every calibration size", suite `calib_size`): one choice at every calibration size. For 8-bit integer weights RTN is within 0.3% of
-float, so a calibration pass buys nothing. FP8 and FP4 keep RTN: GPTQ's gain there was measured on in-domain text
-only, and AWQ searches on an integer grid. An architecture with no AWQ map gets RTN.
+every calibration size", suite `calib_size`): one choice at every calibration size. For 8-bit integer weights RTN
+is within 0.3% of float, so a calibration pass buys nothing. FP8 and FP4 keep RTN: GPTQ's gain there was
+measured on in-domain text only, and AWQ searches on an integer grid. An architecture with no AWQ map gets RTN.
 """
 from __future__ import annotations
 
