@@ -13,7 +13,8 @@ disjoint evaluation part (64 windows x 256 tokens, 16,320 scored tokens):
 Each row quantises the embedded SmolLM2-135M (W4 g64 symmetric) with one method on N tokens (N / 256 samples) of
 one domain's calibration part and scores it on all three evaluation parts; "awq+gptq, no prior" is AWQ+GPTQ with
 GPTQ's Hessian as measured (quant.gptq.prior_tokens=0), as it was before issue 43. A row takes 3-5 minutes on a
-2-core CPU (three 16k-token evaluations are ~2.5 of them), the whole suite about three hours. Per (calibration domain, tokens),
+2-core CPU (three 16k-token evaluations are ~2.5 of them), the whole suite about three hours.
+Per (calibration domain, tokens),
 the table gives each method's in-domain perplexity against the best method's there, and its perplexity on
 the two other domains against plain RTN's (full range, no data), each as a ratio with its interval. The
 default's rule (quantkit/auto_method.py) must be within 1% of the best in-domain and never worse than RTN
@@ -192,7 +193,8 @@ def run(rows: list[dict], quick: bool) -> dict:
                                               num_samples=key[2] // SEQ_LEN, seq_len=SEQ_LEN, seed=0).samples)
             measured[key] = _measure(key, path, calib, evals, commit, windows)
             print(f"{key}: {measured[key].get('seconds')} s", flush=True)
-    sha = {f"{d} {p}": hashlib.sha256(f.read_bytes()).hexdigest()[:12] for d, ps in parts.items() for p, f in ps.items()}
+    sha = {f"{d} {p}": hashlib.sha256(f.read_bytes()).hexdigest()[:12]
+           for d, ps in parts.items() for p, f in ps.items()}
     float_ppl = {d: round(_ppl(measured[("float", "-", 0)]["window_nll"][d]), 3) for d in DOMAINS}
     rtn_ppl = {d: round(_ppl(measured[("rtn", "-", 0)]["window_nll"][d]), 3) for d in DOMAINS}
     setup = {"model": "embedded SmolLM2-135M", "scheme": "w4a16 g64 symmetric", "quantkit": commit,
