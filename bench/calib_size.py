@@ -14,9 +14,10 @@ Each row quantises the embedded SmolLM2-135M (W4 g64 symmetric) with one method 
 one domain's calibration part and scores it on all three evaluation parts; "awq+gptq, no prior" is AWQ+GPTQ with
 GPTQ's Hessian as measured (quant.gptq.prior_tokens=0), as it was before issue 43. A row takes 3-5 minutes on a
 2-core CPU (three 16k-token evaluations are ~2.5 of them), the whole suite about three hours.
-Per (calibration domain, tokens),
-the table gives each method's in-domain perplexity against the best method's there, and its perplexity on
-the two other domains against plain RTN's (full range, no data), each as a ratio with its interval. The
+
+Per (calibration domain, tokens), the table gives each method's in-domain perplexity against the best method's
+there, and its perplexity on the two other domains against plain RTN's (full range, no data), each as a ratio
+with its interval. The
 default's rule (quantkit/auto_method.py) must be within 1% of the best in-domain and never worse than RTN
 across domains at every size (issue 43, requirement 1).
 
