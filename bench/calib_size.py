@@ -17,9 +17,8 @@ GPTQ's Hessian as measured (quant.gptq.prior_tokens=0), as it was before issue 4
 
 Per (calibration domain, tokens), the table gives each method's in-domain perplexity against the best method's
 there, and its perplexity on the two other domains against plain RTN's (full range, no data), each as a ratio
-with its interval. The
-default's rule (quantkit/auto_method.py) must be within 1% of the best in-domain and never worse than RTN
-across domains at every size (issue 43, requirement 1).
+with its interval. The default's rule (quantkit/auto_method.py) must be within 1% of the best in-domain and
+never worse than RTN across domains at every size (issue 43, requirement 1).
 
 Every quantised model's per-window NLLs are kept in bench/out/calib_size.jsonl, keyed by the quantkit commit
 that made them, so a run of some rows (--only) adds to what earlier runs measured with the same code.
