@@ -67,6 +67,10 @@ class DiskStates(Sequence):
     def nbytes(self) -> int:
         return self._end
 
+    def shapes(self) -> list[torch.Size]:
+        """Every entry's shape, without reading one back."""
+        return [shape for _o, shape, _d in self._entries]
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -122,7 +126,7 @@ def _file_of(states) -> DiskStates | None:
 def shapes(states) -> list[torch.Size]:
     """Every entry's shape, without reading a spilled one back."""
     if isinstance(states, DiskStates):
-        return [shape for _o, shape, _d in states._entries]
+        return states.shapes()
     if isinstance(states, _Subset):
         every = shapes(states.states)
         return [every[j] for j in states.idx]
