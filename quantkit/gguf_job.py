@@ -92,11 +92,12 @@ def _write_one(f, config, scheme: str, tied: bool, name: str, t: torch.Tensor, d
 
 
 def gather_hessians(model: Optional[str], calib: Optional[str], num_samples: int, seq_len: int,
-                    diagonal: bool = False) -> dict:
-    """{Hugging Face weight name: H = 2 XᵀX / tokens} (with diagonal, only its diagonal: each input column's
+                    diagonal: bool = False, prior: int = 0) -> tuple[dict, int]:
+    """({Hugging Face weight name: H = 2 XᵀX / tokens}, tokens) (with diagonal, only its diagonal: each input column's
     mean squared activation, times 2) for every Linear but the output head, from hooks in one pass of the float
     model over the calibration samples: not layer-sequential like the compressed-tensors pipeline (each layer
-    sees the float model's inputs, not its quantised predecessors')."""
+    sees the float model's inputs, not its quantised predecessors'). With PRIOR, each H gives up
+    prior / (prior + tokens) of its off-diagonal part, as GPTQ's solve reads it (solvers/decorrelation.py)."""
     from .data.calibration import load_calibration
     from .models.hf import load_float_model
 
@@ -121,7 +122,11 @@ def gather_hessians(model: Optional[str], calib: Optional[str], num_samples: int
     finally:
         for h in handles:
             h.remove()
-    return {k: 2 * v / counts[k] for k, v in sums.items()}
+    from .solvers.decorrelation import decorrelation, toward_diagonal
+
+    tokens = sum(s.numel() for s in samples)
+    share = 0.0 if diagonal else decorrelation(tokens, prior)
+    return {k: toward_diagonal(2 * v / counts[k], share) for k, v in sums.items()}, tokens
 
 
 def _unpermute(config, role: str, w: torch.Tensor) -> torch.Tensor:
@@ -147,13 +152,19 @@ def quantize_to_gguf(model: Optional[str], output: Optional[str], scheme: Option
     config = read_config(src)
     gguf_writer.check_config(config)
     tied = bool(getattr(config, "tie_word_embeddings", False))
-    hessians, importance = {}, {}
+    hessians, importance, decorrelate = {}, {}, None
     if method == "gptq":
-        hessians = gather_hessians(model, calib, num_samples or 128, seq_len or 512)
+        from .solvers.decorrelation import decorrelation
+        from .solvers.gptq_options import PRIOR_TOKENS
+
+        # the compressed-tensors GPTQ's prior: without it, GPTQ on 2,048 tokens of prose lost to rtn on code for
+        # every type of bench/gguf.py's table (2026-12-04)
+        hessians, tokens = gather_hessians(model, calib, num_samples or 128, seq_len or 512, prior=PRIOR_TOKENS)
+        decorrelate = decorrelation(tokens, PRIOR_TOKENS)
     elif method in (None, "auto") and scheme != "f16":
         # each input column's mean squared activation weighs its rounding error (llama.cpp's importance-matrix
         # idea): on SmolLM2 it took 1.4-9% off rtn's perplexity on the held-out texts of bench/gguf.py
-        importance = gather_hessians(model, calib, num_samples or 128, seq_len or 512, diagonal=True)
+        importance = gather_hessians(model, calib, num_samples or 128, seq_len or 512, diagonal=True)[0]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.part")
     types: dict[str, int] = {}
@@ -171,4 +182,5 @@ def quantize_to_gguf(model: Optional[str], output: Optional[str], scheme: Option
         tmp.unlink(missing_ok=True)
     used = "gptq" if hessians else "rtn, activation-weighted" if importance else "rtn"
     return {"output": str(out), "format": "gguf", "scheme": scheme, "method": used, "types": types,
+            **({"hessian_decorrelate": round(decorrelate, 4)} if decorrelate is not None else {}),
             "bytes": out.stat().st_size, "seconds": round(time.time() - t0, 1)}

@@ -138,6 +138,35 @@ def test_gptq_export_moves_codes_and_still_reads_back_exactly(tiny_src, tmp_path
     assert torch.equal(gptq["model.embed_tokens.weight"], rtn["model.embed_tokens.weight"])
 
 
+def test_gptq_export_solves_on_the_hessian_with_the_decorrelation_prior(tiny_src, tmp_path):
+    """GGUF's GPTQ reads the Hessian as the compressed-tensors GPTQ does: on T calibration tokens it gives up
+    2048 / (2048 + T) of the off-diagonal part (issue 43's prior) and keeps the diagonal. Checked on one Linear
+    against the solve of a Hessian shrunk here from the measured one."""
+    from gguf import GGUFReader
+
+    from quantkit.formats.gguf_codec import decode
+    from quantkit.gguf_job import gather_hessians, quantize_to_gguf
+    from quantkit.solvers.gguf_gptq import gguf_gptq
+    from safetensors.torch import load_file
+
+    src, _ = tiny_src
+    calib = dict(calib=str(Path(__file__).parent / "data" / "calib_sample.txt"), num_samples=4, seq_len=64)
+    gptq = {}
+    summary = quantize_to_gguf(str(src), str(tmp_path / "g.gguf"), "q4_k_m", method="gptq", decoded=gptq, **calib)
+    share = 2048 / (2048 + 4 * 64)
+    assert summary["hessian_decorrelate"] == round(share, 4)
+    measured, tokens = gather_hessians(str(src), **calib)
+    assert tokens == 4 * 64
+    name = "model.layers.0.mlp.down_proj.weight"
+    H = measured[name]
+    shrunk = H * (1 - share)
+    shrunk.diagonal().copy_(H.diagonal())
+    kind = {t.name: t.tensor_type.name for t in GGUFReader(str(tmp_path / "g.gguf")).tensors}["blk.0.ffn_down.weight"]
+    w = load_file(str(src / "model.safetensors"))[name].float()
+    assert torch.equal(gptq[name], decode(gguf_gptq(w, shrunk, kind)[0], w.shape))
+    assert not torch.equal(gptq[name], decode(gguf_gptq(w, H, kind)[0], w.shape))
+
+
 def test_the_default_weighs_rounding_by_activations_and_lowers_the_output_error(tiny_src, tmp_path, cli):
     """--method auto (the default): each input column's mean squared activation on the calibration text weighs
     its rounding error. Against rtn (no data) on the same type, the output error on those activations,
@@ -155,7 +184,7 @@ def test_the_default_weighs_rounding_by_activations_and_lowers_the_output_error(
     from safetensors.torch import load_file
 
     weights = load_file(str(src / "model.safetensors"))
-    H = gather_hessians(str(src), **calib)
+    H = gather_hessians(str(src), **calib)[0]
 
     def error(decoded):
         return sum(float(torch.trace((weights[n] - decoded[n]).double() @ H[n].double()
