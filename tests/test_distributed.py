@@ -198,7 +198,8 @@ def test_when_rank_0_cannot_claim_the_output_every_rank_stops(src, tmp_path):
 def test_a_rank_that_dies_stops_the_others_and_leaves_the_output_as_it_was(src, tmp_path):
     out = tmp_path / "out"
     p = subprocess.run([*TORCHRUN, "--standalone", "--nproc-per-node", "2", str(Path(__file__).with_name("dying_rank.py")),
-                        *_args(src, out, "w4a16", "gptq")], capture_output=True, text=True, timeout=300, env=ENV)
+                        *_args(src, out, "w4a16", "gptq")], capture_output=True, text=True, timeout=300,
+                       env={**ENV, "TMPDIR": str(tmp_path)})  # the killed rank cannot remove its scratch folder
     assert p.returncode != 0
     assert "exitcode  : 9" in p.stderr, p.stderr[-3000:]  # torchrun names the rank that died
     survivor = [ln for ln in _errors(p.stderr) if ln.startswith("error: process 0 of 2")]
