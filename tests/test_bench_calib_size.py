@@ -25,7 +25,8 @@ def test_table_ratios_and_the_auto_mark():
     assert awq["in-domain ppl"] == round(math.exp(sum(flat["code"]) / 16 - 0.05), 3)
     # every window 0.05 nats above the best: the ratio and both ends of its interval are exp(0.05)
     want = f"{(math.exp(0.05) - 1) * 100:+.2f}%"
-    assert awq["vs best (awq+gptq), 95%"] == f"{want} [{want[:-1]}, {want[:-1]}]"
+    assert awq["best in-domain"] == "awq+gptq"
+    assert awq["vs best in-domain, 95%"] == f"{want} [{want[:-1]}, {want[:-1]}]"
     below = f"{(math.exp(-0.05) - 1) * 100:+.2f}%"
     assert awq["other domains vs rtn, 95%"].startswith(f"quotes {below}") and "manuals" in awq[
         "other domains vs rtn, 95%"] and "code " not in awq["other domains vs rtn, 95%"]
